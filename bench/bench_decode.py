@@ -1,0 +1,294 @@
+"""Batch-1 autoregressive decode speed on one GPU against the memory-bandwidth floor and
+against transformers' `generate` on the same card.
+
+Weights are random bf16 of the real shapes (speed does not depend on their values).
+Run (on the GPU machine; the two stages are separate processes so JAX and PyTorch do not
+compete for device memory):
+  python bench/bench_decode.py jax --out $OUT/decode_jax.json
+  python bench/bench_decode.py hf  --out $OUT/decode_hf.json
+  python bench/bench_decode.py report $OUT/decode_jax.json $OUT/decode_hf.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODELS = ("smollm2-135m", "qwen3-8b", "qwen3-30b-a3b")
+
+
+def weight_bytes_per_token(cfg, dtype_bytes=2) -> int:
+    """Bytes of weights one decode step must read: every layer's attention and norms, the MLP
+    (only the experts_per_token chosen experts for MoE), the final norm and the LM head."""
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    attn = d * (n + 2 * k) * h + n * h * d + 2 * d + (2 * h if cfg.qk_norm else 0)
+    total = 0
+    for layer in range(cfg.num_layers):
+        if cfg.layer_is_moe(layer):
+            mlp = d * cfg.num_experts + cfg.experts_per_token * 3 * d * cfg.moe_intermediate_size
+        else:
+            mlp = 3 * d * cfg.intermediate_size
+        total += attn + mlp
+    total += d + cfg.vocab_size * d + d  # final norm, LM head, one embedding row
+    return total * dtype_bytes
+
+
+def kv_bytes_per_token(cfg, context, dtype_bytes=2) -> int:
+    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * context * dtype_bytes
+
+
+def median_time(fn, repeats=5):
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def measure_bandwidth():
+    """Weight-streaming bandwidth (bf16 GEMV over 2 GB) and copy bandwidth (read + write)."""
+    import jax
+    import jax.numpy as jnp
+
+    w = jax.random.normal(jax.random.key(0), (8, 8192, 16384), jnp.bfloat16)  # 2.1 GB
+    x = jax.random.normal(jax.random.key(1), (1, 8192), jnp.bfloat16)
+    gemv = jax.jit(lambda w, x: jnp.einsum("bd,ldf->lbf", x, w))
+    gemv(w, x).block_until_ready()
+    t = median_time(lambda: gemv(w, x).block_until_ready(), 10)
+    stream = w.size * 2 / t
+    a = jax.random.normal(jax.random.key(2), (1024, 1024, 1024), jnp.bfloat16)  # 2.1 GB
+    scale = jax.jit(lambda a: a * 1.5)
+    scale(a).block_until_ready()
+    t = median_time(lambda: scale(a).block_until_ready(), 10)
+    copy = 2 * a.size * 2 / t
+    del w, a
+    return stream, copy
+
+
+def bench_jax(args):
+    import jax
+    import jax.numpy as jnp
+
+    from jetspec_jax import config, params as P
+
+    stream_bw, copy_bw = measure_bandwidth()
+    print(f"bandwidth: weight streaming {stream_bw / 1e12:.2f} TB/s, copy {copy_bw / 1e12:.2f} TB/s",
+          flush=True)
+    rows = []
+    for name in args.models:
+        cfg = config.preset(name)
+        specs = P.target_specs(cfg)
+        t0 = time.perf_counter()
+        params = random_params(specs)
+        jax.block_until_ready(params)
+        init_s = time.perf_counter() - t0
+        for impl in args.attn_impls:
+            rows.append(time_model(cfg, params, args.context, impl, stream_bw))
+            print(json.dumps(rows[-1]), flush=True)
+        del params
+        jax.clear_caches()
+        rows[-1]["init_s"] = init_s
+    return {"stream_bw": stream_bw, "copy_bw": copy_bw, "rows": rows}
+
+
+def random_params(specs):
+    """Random bf16 weights made leaf by leaf on the device (one small compiled generator per
+    shape; a single jit over a 60 GB tree compiles for minutes)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jetspec_jax.params import is_spec
+
+    @functools.partial(jax.jit, static_argnames=("shape", "ones"))
+    def make(key, shape, ones):
+        if ones:
+            return jnp.ones(shape, jnp.bfloat16)
+        return (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(jnp.bfloat16)
+
+    leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
+    keys = jax.random.split(jax.random.key(0), len(leaves))
+    return jax.tree.unflatten(
+        treedef, [make(k, s.shape, s.init == "ones") for s, k in zip(leaves, keys)])
+
+
+def time_model(cfg, params, context, attn_impl, stream_bw):
+    import jax
+    import jax.numpy as jnp
+
+    from jetspec_jax import target
+    from jetspec_jax.decode import decode_step, prefill
+    from jetspec_jax.sampling import Sampler
+
+    num_slots = context + 512
+    greedy = Sampler()
+
+    @functools.partial(jax.jit, donate_argnames=("cache",))
+    def run_prefill(params, cache, prompt):
+        lens = jnp.full((1,), prompt.shape[1], jnp.int32)
+        logits, cache, _ = prefill(params, cfg, prompt, lens, cache, attn_impl=attn_impl)
+        return jnp.argmax(logits, -1).astype(jnp.int32), cache
+
+    @functools.partial(jax.jit, donate_argnames=("cache",))
+    def run_decode(params, cache, last, steps):
+        done = jnp.zeros((1,), bool)
+
+        def body(i, carry):
+            cache, last = carry
+            nxt, cache = decode_step(params, cfg, cache, last, jax.random.key(0), greedy, done,
+                                     attn_impl)
+            return cache, nxt
+
+        cache, last = jax.lax.fori_loop(0, steps, body, (cache, last))
+        return last, cache
+
+    prompt = jax.random.randint(jax.random.key(1), (1, context), 0, cfg.vocab_size, jnp.int32)
+    cache = target.allocate_cache(cfg, 1, num_slots, jnp.bfloat16)
+    t = time.perf_counter()
+    compiled_prefill = run_prefill.lower(params, cache, prompt).compile()
+    compiled_decode = run_decode.lower(params, cache, prompt[:, 0], 1).compile()
+    compile_s = time.perf_counter() - t
+
+    def decode(steps):
+        cache = target.allocate_cache(cfg, 1, num_slots, jnp.bfloat16)
+        last, cache = compiled_prefill(params, cache, prompt)
+        last.block_until_ready()
+        t = time.perf_counter()
+        last, cache = compiled_decode(params, cache, last, steps)
+        last.block_until_ready()
+        return time.perf_counter() - t
+
+    decode(8)
+    short = statistics.median(decode(16) for _ in range(3))
+    long = statistics.median(decode(272) for _ in range(3))
+    per_token = (long - short) / 256
+    wbytes = weight_bytes_per_token(cfg)
+    kvbytes = kv_bytes_per_token(cfg, context + 144)
+    floor = (wbytes + kvbytes) / stream_bw
+    stats = jax.devices()[0].memory_stats() or {}
+    return {
+        "model": cfg.name, "attn_impl": attn_impl, "context": context,
+        "ms_per_token": per_token * 1e3, "tok_s": 1 / per_token,
+        "floor_ms": floor * 1e3, "fraction_of_floor": floor / per_token,
+        "achieved_TBps": (wbytes + kvbytes) / per_token / 1e12,
+        "weight_GB": wbytes / 1e9, "kv_GB": kvbytes / 1e9, "compile_s": compile_s,
+        "peak_GB": stats.get("peak_bytes_in_use", 0) / 1e9,
+    }
+
+
+def hf_config(cfg):
+    import transformers
+
+    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                  num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                  num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                  intermediate_size=cfg.intermediate_size, rope_theta=cfg.rope_theta,
+                  rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_embeddings,
+                  max_position_embeddings=cfg.max_position_embeddings)
+    if cfg.is_moe:
+        return transformers.Qwen3MoeConfig(
+            num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
+            moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
+            **common)
+    if not cfg.qk_norm:
+        return transformers.LlamaConfig(**common)
+    return transformers.Qwen3Config(**common)
+
+
+def bench_hf(args):
+    import torch
+    import transformers
+
+    from jetspec_jax import config
+
+    rows = []
+    for name in args.models:
+        cfg = config.preset(name)
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = transformers.AutoModelForCausalLM.from_config(
+                hf_config(cfg), dtype=torch.bfloat16)
+        model.eval()
+        prompt = torch.randint(0, cfg.vocab_size, (1, args.context), device="cuda")
+
+        def gen(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            with torch.no_grad():
+                model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                               pad_token_id=0)
+            torch.cuda.synchronize()
+            return time.perf_counter() - t
+
+        gen(4)
+        short = statistics.median(gen(8) for _ in range(2))
+        long = statistics.median(gen(72) for _ in range(2))
+        per_token = (long - short) / 64
+        rows.append({"model": cfg.name, "context": args.context, "hf_ms_per_token": per_token * 1e3,
+                     "hf_tok_s": 1 / per_token, "transformers": transformers.__version__,
+                     "torch": torch.__version__})
+        print(json.dumps(rows[-1]), flush=True)
+        del model
+        torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
+def report(jax_path, hf_path):
+    ours = json.loads(Path(jax_path).read_text())
+    hf = {r["model"]: r for r in json.loads(Path(hf_path).read_text())["rows"]} if hf_path else {}
+    lines = [
+        f"measured weight streaming {ours['stream_bw'] / 1e12:.2f} TB/s, copy "
+        f"{ours['copy_bw'] / 1e12:.2f} TB/s",
+        "| model | attention | ctx | ms/token | tok/s | floor ms | % of floor | TB/s | "
+        "transformers tok/s | compile s | peak GB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in ours["rows"]:
+        h = hf.get(r["model"], {})
+        lines.append(
+            f"| {r['model']} | {r['attn_impl']} | {r['context']} | {r['ms_per_token']:.3f} | "
+            f"{r['tok_s']:.0f} | {r['floor_ms']:.3f} | {100 * r['fraction_of_floor']:.0f}% | "
+            f"{r['achieved_TBps']:.2f} | {h.get('hf_tok_s', float('nan')):.1f} | "
+            f"{r['compile_s']:.1f} | {r['peak_GB']:.1f} |")
+    print("\n".join(lines))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", choices=["jax", "hf", "report"])
+    parser.add_argument("files", nargs="*")
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--attn-impls", nargs="+", default=["reference"])
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.stage == "report":
+        return report(args.files[0], args.files[1] if len(args.files) > 1 else None)
+    result = bench_jax(args) if args.stage == "jax" else bench_hf(args)
+    result.update(device=_device_name(args.stage), date=time.strftime("%Y-%m-%d"),
+                  command=" ".join(sys.argv), host=platform.node())
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+def _device_name(stage):
+    if stage == "hf":
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    import jax
+
+    return str(jax.devices()[0].device_kind)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Our checkpoints: an orbax pytree of arrays beside its config, written atomically.
+
+A checkpoint directory holds
+  config.json     the config dict of what the tree is (`ModelConfig.to_dict()` for a target)
+  metadata.json   {"kind", "format", "dtypes", ...caller's fields}; written last
+  params/         the arrays (orbax)
+  tokenizer/      optional, `Tokenizer.save` format
+It is assembled in a hidden sibling directory and renamed into place, so a failure leaves
+nothing at the destination. `save_tree` / `load_tree` are generic (the draft head uses them
+too); `save_target` / `load_target_checkpoint` add the target's config and shape checks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from jetspec_jax.config import ConfigError, ModelConfig
+from jetspec_jax.params import check_params, target_specs
+
+FORMAT = 1
+PARAMS_DIR, TOKENIZER_DIR = "params", "tokenizer"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that is incomplete, corrupt or of the wrong kind."""
+
+
+def save_tree(path: str | Path, tree, config: dict[str, Any], *, kind: str,
+              metadata: dict[str, Any] | None = None,
+              extra: Callable[[Path], None] | None = None, overwrite: bool = False) -> Path:
+    """Writes tree + config.json + metadata.json at path; `extra(dir)` may add files."""
+    path = Path(path).absolute()
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save(tmp / PARAMS_DIR, tree)
+        if extra is not None:
+            extra(tmp)
+        dtypes = sorted({str(x.dtype) for x in jax.tree.leaves(tree)})
+        info = {"kind": kind, "format": FORMAT, "dtypes": dtypes, **(metadata or {})}
+        (tmp / "metadata.json").write_text(json.dumps(info, indent=1))
+        if path.exists():  # overwrite: swap the old one out before deleting it
+            old = path.with_name(f".{path.name}.{uuid.uuid4().hex}.old")
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def read_info(path: str | Path, kind: str | None = None) -> tuple[dict, dict]:
+    """(config dict, metadata dict) of the checkpoint at path, checked for kind."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"no checkpoint directory at {path}")
+    meta = _read_json(path / "metadata.json", path, "(incomplete, or not written by jetspec_jax)")
+    config = _read_json(path / "config.json", path, "")
+    if kind is not None and meta.get("kind") != kind:
+        raise CheckpointError(f"{path} holds a {meta.get('kind')!r} checkpoint, not {kind!r}")
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r} is not {FORMAT}")
+    return config, meta
+
+
+def stored_shapes(path: str | Path):
+    """The stored tree with orbax ArrayMetadata leaves (shape, dtype), nothing read."""
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            item = ckptr.metadata(Path(path).absolute() / PARAMS_DIR).item_metadata
+    except (FileNotFoundError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read the stored arrays' metadata: {e}") from e
+    return getattr(item, "tree", item)
+
+
+def load_tree(path: str | Path, abstract=None, *, kind: str | None = None):
+    """-> (tree, config dict, metadata dict).
+
+    abstract: a tree of `jax.ShapeDtypeStruct` (with shardings, for a sharded restore) that
+    the stored tree must match; None restores every array as stored, on the default device.
+    """
+    path = Path(path).absolute()
+    config, meta = read_info(path, kind)
+    if abstract is None:
+        abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
+                                stored_shapes(path))
+    with ocp.StandardCheckpointer() as ckptr:
+        tree = ckptr.restore(path / PARAMS_DIR, abstract)
+    return tree, config, meta
+
+
+def save_target(path: str | Path, params, cfg: ModelConfig, *, tokenizer=None,
+                metadata: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
+    check_params(params, target_specs(cfg), "params to save")
+    extra = None if tokenizer is None else (lambda d: tokenizer.save(d / TOKENIZER_DIR))
+    return save_tree(path, params, cfg.to_dict(), kind="target", metadata=metadata,
+                     extra=extra, overwrite=overwrite)
+
+
+def load_target_checkpoint(path: str | Path, *, dtype=None, sharding=None):
+    """-> (cfg, params, tokenizer or None).
+
+    dtype casts every array on restore; sharding is one `jax.sharding.Sharding` for all arrays
+    or a tree of them shaped like the params.
+    """
+    path = Path(path).absolute()
+    config, _ = read_info(path, "target")
+    try:
+        cfg = ModelConfig.from_dict(config)
+    except (ConfigError, TypeError) as e:
+        raise CheckpointError(f"{path}/config.json is not a valid model config: {e}") from e
+    shapes = stored_shapes(path)
+    check_params(shapes, target_specs(cfg), f"checkpoint {path}")
+
+    def leaf(m, s=None):
+        return jax.ShapeDtypeStruct(m.shape, dtype or m.dtype, sharding=s)
+
+    if sharding is None or isinstance(sharding, jax.sharding.Sharding):
+        abstract = jax.tree.map(lambda m: leaf(m, sharding), shapes)
+    else:
+        abstract = jax.tree.map(leaf, shapes, sharding)
+    params, _, _ = load_tree(path, abstract, kind="target")
+    tokenizer = None
+    if (path / TOKENIZER_DIR).is_dir():
+        from jetspec_jax.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.from_hf_dir(path / TOKENIZER_DIR)
+    return cfg, params, tokenizer
+
+
+def _read_json(file: Path, checkpoint: Path, hint: str) -> dict:
+    if not file.exists():
+        raise CheckpointError(f"{checkpoint} is not a checkpoint: no {file.name} {hint}".strip())
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{file} is corrupt (not valid JSON): {e}") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} is corrupt: expected a JSON object")
+    return data

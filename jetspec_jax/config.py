@@ -1,0 +1,213 @@
+"""Frozen model configs for the Qwen3 family (dense, MoE) and Llama-architecture models.
+
+Shape alphabet used across the package:
+  B batch, T query tokens / tree nodes, S cache slots, N query heads, K KV heads,
+  H head dim, D model width, F MLP width, E experts, V vocab, L layers.
+Configs are frozen and hashable so they can be passed to `jax.jit` as static arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = {
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "LlamaForCausalLM": "llama",
+}
+
+
+class ConfigError(ValueError):
+    """A model config that this library cannot serve."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    vocab_size: int  # V
+    hidden_size: int  # D
+    num_layers: int  # L
+    num_heads: int  # N
+    num_kv_heads: int  # K
+    head_dim: int  # H
+    intermediate_size: int  # F (dense MLP)
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    qk_norm: bool = True  # Qwen3 normalises q and k per head; Llama does not.
+    tie_embeddings: bool = False
+    max_position_embeddings: int = 40_960
+    # Mixture of experts (Qwen3-MoE); num_experts == 0 means a dense model.
+    num_experts: int = 0  # E
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    moe_layers: tuple[int, ...] | None = None  # None: every layer is MoE when num_experts > 0
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"{self.name}: num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise ConfigError(
+                f"{self.name}: experts_per_token={self.experts_per_token} must be in "
+                f"[1, num_experts={self.num_experts}]"
+            )
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def layer_is_moe(self, layer: int) -> bool:
+        if not self.is_moe:
+            return False
+        return self.moe_layers is None or layer in self.moe_layers
+
+    @property
+    def gqa_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - fields
+        if unknown:
+            raise ConfigError(f"unknown ModelConfig fields: {sorted(unknown)}")
+        data = dict(data)
+        for key in ("eos_token_ids", "moe_layers"):
+            if data.get(key) is not None:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+
+def qwen3_8b() -> ModelConfig:
+    return ModelConfig(
+        name="qwen3-8b", vocab_size=151_936, hidden_size=4096, num_layers=36, num_heads=32,
+        num_kv_heads=8, head_dim=128, intermediate_size=12_288, eos_token_ids=(151_645, 151_643),
+    )
+
+
+def qwen3_30b_a3b() -> ModelConfig:
+    return ModelConfig(
+        name="qwen3-30b-a3b", vocab_size=151_936, hidden_size=2048, num_layers=48, num_heads=32,
+        num_kv_heads=4, head_dim=128, intermediate_size=6144, num_experts=128,
+        experts_per_token=8, moe_intermediate_size=768, eos_token_ids=(151_645, 151_643),
+    )
+
+
+def smollm2_135m() -> ModelConfig:
+    return ModelConfig(
+        name="smollm2-135m", vocab_size=49_152, hidden_size=576, num_layers=30, num_heads=9,
+        num_kv_heads=3, head_dim=64, intermediate_size=1536, rope_theta=100_000.0,
+        rms_norm_eps=1e-5, qk_norm=False, tie_embeddings=True, max_position_embeddings=8192,
+        eos_token_ids=(2,),
+    )
+
+
+def tiny_dense(**changes: Any) -> ModelConfig:
+    """A few-layer Qwen3-style model for tests."""
+    base = ModelConfig(
+        name="tiny-dense", vocab_size=128, hidden_size=64, num_layers=4, num_heads=4,
+        num_kv_heads=2, head_dim=16, intermediate_size=96, rope_theta=10_000.0,
+        max_position_embeddings=512,
+    )
+    return base.replace(**changes)
+
+
+def tiny_moe(**changes: Any) -> ModelConfig:
+    base = tiny_dense(name="tiny-moe", num_experts=8, experts_per_token=2, moe_intermediate_size=32)
+    return base.replace(**changes)
+
+
+def tiny_llama(**changes: Any) -> ModelConfig:
+    base = tiny_dense(name="tiny-llama", qk_norm=False, tie_embeddings=True, num_heads=6,
+                      num_kv_heads=2)
+    return base.replace(**changes)
+
+
+PRESETS = {
+    "qwen3-8b": qwen3_8b,
+    "qwen3-30b-a3b": qwen3_30b_a3b,
+    "smollm2-135m": smollm2_135m,
+    "tiny-dense": tiny_dense,
+    "tiny-moe": tiny_moe,
+    "tiny-llama": tiny_llama,
+}
+
+
+def preset(name: str) -> ModelConfig:
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None
+
+
+def from_hf_config(hf: dict[str, Any], name: str = "hf-model") -> ModelConfig:
+    """Builds a ModelConfig from a transformers `config.json` dict."""
+    archs = hf.get("architectures") or []
+    known = [a for a in archs if a in SUPPORTED_ARCHITECTURES]
+    if not known:
+        raise ConfigError(
+            f"unsupported architecture {archs or hf.get('model_type')!r}; "
+            f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+        )
+    kind = SUPPORTED_ARCHITECTURES[known[0]]
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ConfigError("attention or MLP biases are not supported")
+    if hf.get("rope_scaling"):
+        rope = hf["rope_scaling"]
+        if rope.get("rope_type", rope.get("type")) not in (None, "default"):
+            raise ConfigError(f"unsupported rope_scaling {rope!r}")
+    rope_theta = hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10_000.0))
+    eos = hf.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+    num_heads = hf["num_attention_heads"]
+    cfg = dict(
+        name=name,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=hf.get("num_key_value_heads", num_heads),
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+        intermediate_size=hf.get("intermediate_size", 0),
+        rope_theta=float(rope_theta),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        qk_norm=kind != "llama",
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_position_embeddings=hf.get("max_position_embeddings", 4096),
+        eos_token_ids=eos_ids,
+    )
+    if kind == "qwen3_moe":
+        step = hf.get("decoder_sparse_step", 1)
+        dense_only = set(hf.get("mlp_only_layers") or [])
+        moe_layers = tuple(
+            i for i in range(cfg["num_layers"]) if i not in dense_only and (i + 1) % step == 0
+        )
+        cfg.update(
+            num_experts=hf["num_experts"],
+            experts_per_token=hf["num_experts_per_tok"],
+            moe_intermediate_size=hf["moe_intermediate_size"],
+            norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+            moe_layers=None if len(moe_layers) == cfg["num_layers"] else moe_layers,
+        )
+    return ModelConfig(**cfg)
+
+
+def load_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not file.exists():
+        raise FileNotFoundError(f"no config.json at {file}")
+    return from_hf_config(json.loads(file.read_text()), name=name or file.parent.name)

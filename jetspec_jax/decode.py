@@ -1,0 +1,116 @@
+"""Prefill and autoregressive decoding: the whole loop on device in one `lax.while_loop`."""
+
+from __future__ import annotations
+
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from jetspec_jax import target
+from jetspec_jax.cache import KVCache
+from jetspec_jax.config import ModelConfig
+from jetspec_jax.sampling import Sampler, choose_tokens
+
+
+def prefill(params, cfg: ModelConfig, prompt, prompt_lens, cache: KVCache, *,
+            taps=(), attn_impl="reference"):
+    """prompt [B, P] right-padded, prompt_lens [B]. Returns (logits at each prompt's last token
+    [B, V], cache holding the prompts, taps [B, P, k*D] or None)."""
+    b, p = prompt.shape
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    hidden, cache, tapped = target.forward(
+        params, cfg, prompt, positions, cache, jnp.zeros((b,), jnp.int32), None,
+        taps=taps, attn_impl=attn_impl)
+    last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)  # [B, 1, D]
+    logits = target.lm_head(params, cfg, last)[:, 0]
+    return logits, cache.replace(lengths=prompt_lens.astype(jnp.int32)), tapped
+
+
+@flax.struct.dataclass
+class Output:
+    """Generated tokens and their count per sequence (the first `num_tokens[b]` are valid)."""
+
+    tokens: jax.Array  # [B, M + slack]
+    num_tokens: jax.Array  # [B]
+    done: jax.Array  # [B]
+
+    @classmethod
+    def empty(cls, batch, width):
+        return cls(tokens=jnp.zeros((batch, width), jnp.int32),
+                   num_tokens=jnp.zeros((batch,), jnp.int32),
+                   done=jnp.zeros((batch,), bool))
+
+    def append(self, new_tokens, count, stop_ids: tuple[int, ...], max_new: int) -> "Output":
+        """Appends new_tokens[b, :count[b]] to unfinished sequences, cutting after a stop token
+        and at max_new tokens."""
+        w = new_tokens.shape[1]
+        in_count = jnp.arange(w)[None, :] < count[:, None]
+        is_stop = jnp.isin(new_tokens, jnp.asarray(stop_ids or (-1,), jnp.int32)) & in_count
+        first_stop = jnp.argmax(is_stop, axis=1)
+        has_stop = jnp.any(is_stop, axis=1)
+        count = jnp.where(has_stop, first_stop + 1, count)
+        count = jnp.where(self.done, 0, jnp.minimum(count, max_new - self.num_tokens))
+        tokens = jax.vmap(lambda row, new, start: jax.lax.dynamic_update_slice(row, new, (start,)))(
+            self.tokens, jnp.where(self.done[:, None], self.tokens[:, :w], new_tokens),
+            jnp.where(self.done, 0, self.num_tokens))
+        num = self.num_tokens + count
+        done = self.done | (has_stop & (count > 0)) | (num >= max_new)
+        return Output(tokens=tokens, num_tokens=num, done=done)
+
+
+def check_capacity(prompt_len: int, max_new: int, extra: int, limit: int, num_slots: int | None):
+    """Clear error when a prompt plus its generation cannot fit the cache or the model."""
+    need = prompt_len + max_new + extra
+    if prompt_len < 1:
+        raise ValueError("empty prompt: at least one token is needed")
+    if max_new < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
+    if prompt_len + max_new > limit:
+        raise ValueError(
+            f"prompt of {prompt_len} tokens + {max_new} new tokens exceeds the model's context "
+            f"limit of {limit} tokens")
+    if num_slots is not None and need > num_slots:
+        raise ValueError(
+            f"prompt of {prompt_len} tokens + {max_new} new tokens (+{extra} working slots) does "
+            f"not fit a KV cache of {num_slots} slots")
+    return need
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "cfg", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl", "cache_dtype"))
+def ar_generate(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
+                sampler: Sampler, stop_ids: tuple[int, ...], num_slots: int,
+                attn_impl: str = "reference", cache_dtype=jnp.float32) -> Output:
+    """Autoregressive decoding of a right-padded batch; returns the generated tokens."""
+    b = prompt.shape[0]
+    check_capacity(prompt.shape[1], max_new, 1, cfg.max_position_embeddings, num_slots)
+    cache = target.allocate_cache(cfg, b, num_slots, cache_dtype)
+    logits, cache, _ = prefill(params, cfg, prompt, prompt_lens, cache, attn_impl=attn_impl)
+    key, sub = jax.random.split(key)
+    first = choose_tokens(sub, logits, sampler)
+    out = Output.empty(b, max_new + 1).append(first[:, None], jnp.ones((b,), jnp.int32),
+                                               stop_ids, max_new)
+
+    def step(carry):
+        cache, out, last, key = carry
+        key, sub = jax.random.split(key)
+        nxt, cache = decode_step(params, cfg, cache, last, sub, sampler, out.done, attn_impl)
+        out = out.append(nxt[:, None], jnp.ones((b,), jnp.int32), stop_ids, max_new)
+        return cache, out, nxt, key
+
+    _, out, _, _ = jax.lax.while_loop(lambda c: ~jnp.all(c[1].done), step,
+                                      (cache, out, first, key))
+    return out
+
+
+def decode_step(params, cfg: ModelConfig, cache: KVCache, last, key, sampler: Sampler, done,
+                attn_impl="reference"):
+    """One autoregressive step: feeds last [B] at position lengths, returns (next [B], cache).
+    Finished sequences (done) keep their length."""
+    pos = cache.lengths
+    hidden, cache, _ = target.forward(params, cfg, last[:, None], pos[:, None], cache, pos,
+                                      attn_impl=attn_impl)
+    nxt = choose_tokens(key, target.lm_head(params, cfg, hidden)[:, 0], sampler)
+    return nxt, cache.replace(lengths=jnp.where(done, pos, pos + 1))

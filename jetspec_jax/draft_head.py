@@ -1,0 +1,180 @@
+"""The causal parallel draft head: one forward drafts distributions for all depths 1..B-1.
+
+Context: hidden states tapped from k target layers, concatenated [T, k*D], projected by `fc`
+and RMS-normed. Block: [anchor, MASK x (B-1)] embedded with the target's embedding. Every
+draft layer takes queries from the normed block states and keys/values from
+[context ; block]; the same projected context feeds every layer. Inside the block slot i sees
+slots <= i (causal) or every slot (bidirectional, the DFlash baseline). The target's LM head
+turns block slots 1..B-1 into the draft distributions q_1..q_{B-1}.
+
+The context K/V of every draft layer is cached (a `KVCache`) and extended each round with the
+newly committed tokens' taps, so a round only projects the new tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jetspec_jax import target
+from jetspec_jax.cache import KVCache, write_slots
+from jetspec_jax.config import ModelConfig
+from jetspec_jax.layers import rms_norm, rope
+from jetspec_jax.params import ParamSpec, layer_specs
+from pallas_kernels.tree_attention import cache_attention
+
+
+def default_tap_layers(num_target_layers: int, num_taps: int) -> tuple[int, ...]:
+    """Evenly spread layer ids from 1 to L-3 (outputs of those 0-based target layers)."""
+    if num_taps == 1:
+        return (num_target_layers // 2,)
+    span = num_target_layers - 4
+    return tuple(int(round(1 + i * span / (num_taps - 1))) for i in range(num_taps))
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftConfig:
+    """A draft head's shape; `layers` is a ModelConfig for the head's own decoder layers."""
+
+    layers: ModelConfig  # hidden size, heads, MLP width, rope, eps of the head's layers
+    block_size: int = 16
+    tap_layers: tuple[int, ...] = (1, 9, 17, 25, 33)
+    mask_token_id: int | None = None  # None: the head owns a learned mask embedding
+    causal: bool = True
+    num_target_layers: int = 36
+
+    @property
+    def depth(self) -> int:
+        return self.block_size - 1
+
+    def check_target(self, tcfg: ModelConfig) -> None:
+        """Raises a clear error when this head cannot serve the target `tcfg`."""
+        problems = []
+        if self.layers.hidden_size != tcfg.hidden_size:
+            problems.append(f"head hidden size {self.layers.hidden_size} != target hidden size "
+                            f"{tcfg.hidden_size}")
+        if self.num_target_layers != tcfg.num_layers:
+            problems.append(f"head was made for a {self.num_target_layers}-layer target, this "
+                            f"target has {tcfg.num_layers} layers")
+        bad = [i for i in self.tap_layers if not 0 <= i < tcfg.num_layers]
+        if bad:
+            problems.append(f"tap layers {bad} are outside the target's 0..{tcfg.num_layers - 1}")
+        if self.mask_token_id is not None and not 0 <= self.mask_token_id < tcfg.vocab_size:
+            problems.append(f"mask token id {self.mask_token_id} is outside the target vocab "
+                            f"of {tcfg.vocab_size}")
+        if self.block_size < 2:
+            problems.append(f"block size must be >= 2, got {self.block_size}")
+        if problems:
+            raise ValueError("draft head does not fit the target: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["layers"] = self.layers.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DraftConfig":
+        data = dict(data)
+        data["layers"] = ModelConfig.from_dict(data["layers"])
+        data["tap_layers"] = tuple(data["tap_layers"])
+        return cls(**data)
+
+
+def draft_config_for(tcfg: ModelConfig, *, num_layers=5, block_size=16, num_taps=5,
+                     mask_token_id=None, causal=True) -> DraftConfig:
+    """A head shaped like the reference's: the target's width, heads and MLP, a few layers."""
+    layers = tcfg.replace(name=f"{tcfg.name}-draft", num_layers=num_layers, qk_norm=True,
+                          num_experts=0, experts_per_token=0, moe_intermediate_size=0,
+                          moe_layers=None,
+                          intermediate_size=tcfg.intermediate_size or 3 * tcfg.hidden_size)
+    return DraftConfig(layers=layers, block_size=block_size,
+                       tap_layers=default_tap_layers(tcfg.num_layers, num_taps),
+                       mask_token_id=mask_token_id, causal=causal,
+                       num_target_layers=tcfg.num_layers)
+
+
+def draft_specs(dcfg: DraftConfig) -> dict:
+    d = dcfg.layers.hidden_size
+    k = len(dcfg.tap_layers)
+    specs = {
+        "fc": ParamSpec((k * d, d), ("taps", "embed"), "normal", k * d),
+        "hidden_norm": ParamSpec((d,), ("embed",), "ones"),
+        "layers": [layer_specs(dcfg.layers, i) for i in range(dcfg.layers.num_layers)],
+        "norm": ParamSpec((d,), ("embed",), "ones"),
+    }
+    if dcfg.mask_token_id is None:
+        specs["mask_embed"] = ParamSpec((d,), ("embed",), "normal", 1)
+    return specs
+
+
+def allocate_cache(dcfg: DraftConfig, batch: int, num_slots: int, dtype) -> KVCache:
+    c = dcfg.layers
+    return KVCache.allocate(c.num_layers, batch, c.num_kv_heads, num_slots, c.head_dim, dtype)
+
+
+def _kv(p, cfg: ModelConfig, x, positions):
+    k = rms_norm(jnp.einsum("BTD,DKH->BTKH", x, p["k"]), p["k_norm"], cfg.rms_norm_eps)
+    v = jnp.einsum("BTD,DKH->BTKH", x, p["v"])
+    return rope(k, positions, cfg.rope_theta), v
+
+
+def extend_context(dparams, dcfg: DraftConfig, cache: KVCache, taps, num_new) -> KVCache:
+    """Adds the first num_new[b] rows of taps [B, T, k*D] to every draft layer's context K/V."""
+    cfg = dcfg.layers
+    ctx = rms_norm(jnp.einsum("BTF,FD->BTD", taps.astype(dparams["fc"].dtype), dparams["fc"]),
+                   dparams["hidden_norm"], cfg.rms_norm_eps)
+    positions = cache.lengths[:, None] + jnp.arange(taps.shape[1], dtype=jnp.int32)
+    new_k, new_v = [], []
+    for p, kc, vc in zip(dparams["layers"], cache.k, cache.v):
+        k, v = _kv(p, cfg, ctx, positions)
+        new_k.append(write_slots(kc, k, cache.lengths))
+        new_v.append(write_slots(vc, v, cache.lengths))
+    return KVCache(k=new_k, v=new_v, lengths=cache.lengths + num_new.astype(jnp.int32))
+
+
+def block_inputs(dparams, dcfg: DraftConfig, tparams, anchor):
+    """Embeddings [B, blk, D] of [anchor, MASK, ..., MASK]."""
+    b = anchor.shape[0]
+    first = target.embed(tparams, anchor[:, None])
+    if dcfg.mask_token_id is None:
+        mask = jnp.broadcast_to(dparams["mask_embed"].astype(first.dtype),
+                                (b, dcfg.block_size - 1, first.shape[-1]))
+    else:
+        mask = target.embed(tparams, jnp.full((b, dcfg.block_size - 1), dcfg.mask_token_id))
+    return jnp.concatenate([first, mask], axis=1)
+
+
+def block_mask(dcfg: DraftConfig, batch: int):
+    blk = dcfg.block_size
+    inside = jnp.tril(jnp.ones((blk, blk), bool)) if dcfg.causal else jnp.ones((blk, blk), bool)
+    return jnp.broadcast_to(inside, (batch, blk, blk))
+
+
+def draft_block(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: KVCache, anchor,
+                *, attn_impl="reference"):
+    """One forward of the block [anchor, MASK...] against the cached context.
+
+    Returns draft logits [B, blk-1, V] for depths 1..blk-1 (float32). The block's K/V are
+    written after the context but lengths are not advanced, so the next round overwrites them.
+    """
+    cfg = dcfg.layers
+    x = block_inputs(dparams, dcfg, tparams, anchor)
+    b, blk = x.shape[:2]
+    start = cache.lengths
+    positions = start[:, None] + jnp.arange(blk, dtype=jnp.int32)
+    mask = block_mask(dcfg, b)
+    for p, kc, vc in zip(dparams["layers"], cache.k, cache.v):
+        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+        q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
+        q = rope(q, positions, cfg.rope_theta)
+        k, v = _kv(p, cfg, h, positions)
+        kc, vc = write_slots(kc, k, start), write_slots(vc, v, start)
+        attn = cache_attention(q, kc, vc, start, mask, impl=attn_impl)
+        x = x + jnp.einsum("BTNH,NHD->BTD", attn, p["o"])
+        x = x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
+    x = rms_norm(x, dparams["norm"], cfg.rms_norm_eps)
+    return target.lm_head(tparams, tcfg, x[:, 1:])
+

@@ -1,0 +1,71 @@
+"""Building blocks shared by the target model and the draft head."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def rms_norm(x, weight, eps):
+    """RMSNorm computed in float32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x, positions, theta):
+    """Rotary embedding, half-split layout (HF `rotate_half`). x [B, T, heads, H], positions [B, T]."""
+    h = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))  # [H/2]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = x32[..., : h // 2], x32[..., h // 2 :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def swiglu(x, gate, up, down):
+    """x [B, T, D]; gate, up [D, F]; down [F, D]."""
+    h = jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, gate)) * jnp.einsum("BTD,DF->BTF", x, up)
+    return jnp.einsum("BTF,FD->BTD", h, down)
+
+
+def moe(x, router, gate, up, down, *, top_k, normalize):
+    """Qwen3-MoE block. x [B, T, D]; router [D, E]; gate, up [E, D, F]; down [E, F, D].
+
+    Tokens are sorted by expert and run through grouped matmuls (`ragged_dot`), so the cost
+    follows the number of (token, expert) pairs, not the number of experts.
+    """
+    b, t, d = x.shape
+    num_experts = router.shape[-1]
+    tokens = x.reshape(b * t, d)  # [BT, D]
+    probs = jax.nn.softmax(
+        jnp.einsum("MD,DE->ME", tokens, router, preferred_element_type=jnp.float32), axis=-1
+    )
+    weights, experts = jax.lax.top_k(probs, top_k)  # [BT, k]
+    if normalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    pair_weight = weights.reshape(-1).astype(jnp.float32)  # [BT*k]
+    flat_experts = experts.reshape(-1)  # [BT*k]
+    if flat_experts.shape[0] <= num_experts // 2:
+        # Few (token, expert) pairs, as in batch-1 decoding: read only the chosen experts.
+        pair_x = jnp.repeat(tokens, top_k, axis=0)  # [BT*k, D]
+        h = jax.nn.silu(jnp.einsum("MD,MDF->MF", pair_x, gate[flat_experts])) * jnp.einsum(
+            "MD,MDF->MF", pair_x, up[flat_experts])
+        out = jnp.einsum("MF,MFD->MD", h, down[flat_experts]).astype(jnp.float32)
+        combined = (out * pair_weight[:, None]).reshape(b * t, top_k, d).sum(axis=1)
+        return combined.astype(x.dtype).reshape(b, t, d)
+    order = jnp.argsort(flat_experts, stable=True)
+    token_of_pair = order // top_k
+    sorted_x = tokens[token_of_pair]  # [BT*k, D]
+    group_sizes = jnp.bincount(flat_experts, length=num_experts).astype(jnp.int32)
+    h = jax.nn.silu(jax.lax.ragged_dot(sorted_x, gate, group_sizes)) * jax.lax.ragged_dot(
+        sorted_x, up, group_sizes
+    )
+    out_sorted = jax.lax.ragged_dot(h, down, group_sizes)  # [BT*k, D]
+    combined = jnp.zeros((b * t, d), jnp.float32).at[token_of_pair].add(
+        out_sorted.astype(jnp.float32) * pair_weight[order][:, None]
+    )
+    return combined.astype(x.dtype).reshape(b, t, d)

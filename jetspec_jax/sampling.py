@@ -1,0 +1,58 @@
+"""Temperature / top-k / top-p sampling, shared by autoregressive and speculative decoding.
+
+Both decoders turn target logits into tokens through `choose_tokens`, so speculative
+sampling draws from exactly the distribution autoregressive sampling draws from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """temperature 0 means greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def filtered_logits(logits, sampler: Sampler):
+    """logits [..., V] float32 -> tempered logits with filtered-out tokens at -inf."""
+    logits = logits.astype(jnp.float32) / sampler.temperature
+    if sampler.top_k:
+        kth = jax.lax.top_k(logits, sampler.top_k)[0][..., -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if sampler.top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass of
+        # the tokens ranked above it is still below top_p.
+        keep_sorted = mass_before < sampler.top_p
+        cutoff = jnp.min(jnp.where(keep_sorted, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+    return logits
+
+
+def choose_tokens(key, logits, sampler: Sampler):
+    """logits [..., V] -> tokens [...] int32 (argmax when greedy, else a sample)."""
+    if sampler.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, filtered_logits(logits, sampler), axis=-1).astype(jnp.int32)

@@ -1,0 +1,83 @@
+"""The Qwen3-family target model (Qwen3 dense, Qwen3-MoE, Llama) as pure functions.
+
+`forward` takes tokens, their positions, the KV cache and an attention-mask description
+(where the new keys are written and which of them each query sees), and returns final-normed
+hidden states, the updated cache and, on request, the hidden states of chosen layers (taps).
+Decoding, prefill, tree verification and training all go through it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jetspec_jax.cache import KVCache, write_slots
+from jetspec_jax.config import ModelConfig
+from jetspec_jax.layers import moe, rms_norm, rope, swiglu
+from pallas_kernels.tree_attention import cache_attention
+
+
+def embed(params, tokens):
+    return params["embed"][tokens]  # [B, T, D]
+
+
+def lm_head(params, cfg: ModelConfig, hidden):
+    """hidden [B, T, D] -> float32 logits [B, T, V]."""
+    w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    return jnp.einsum("BTD,DV->BTV", hidden, w, preferred_element_type=jnp.float32)
+
+
+def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start,
+                    block_mask, attn_impl):
+    """x [B, T, D] (already normed). Writes the new K/V at write_start and attends."""
+    q = jnp.einsum("BTD,DNH->BTNH", x, p["q"])
+    k = jnp.einsum("BTD,DKH->BTKH", x, p["k"])
+    v = jnp.einsum("BTD,DKH->BTKH", x, p["v"])
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+    q = rope(q, positions, cfg.rope_theta)
+    k = rope(k, positions, cfg.rope_theta)
+    k_cache = write_slots(k_cache, k, write_start)
+    v_cache = write_slots(v_cache, v, write_start)
+    out = cache_attention(q, k_cache, v_cache, write_start, block_mask, impl=attn_impl)
+    return jnp.einsum("BTNH,NHD->BTD", out, p["o"]), k_cache, v_cache
+
+
+def mlp_block(p, cfg: ModelConfig, x):
+    if "router" in p:
+        return moe(x, p["router"], p["gate"], p["up"], p["down"],
+                   top_k=cfg.experts_per_token, normalize=cfg.norm_topk_prob)
+    return swiglu(x, p["gate"], p["up"], p["down"])
+
+
+def forward(params, cfg: ModelConfig, tokens, positions, cache: KVCache, write_start,
+            block_mask=None, *, taps: tuple[int, ...] = (), attn_impl: str = "reference"):
+    """Runs the target over T new tokens per sequence.
+
+    tokens, positions [B, T]; write_start [B]: the new tokens' K/V go to slots
+    write_start[b] + t and each query sees every slot below write_start[b] plus the new
+    keys allowed by block_mask [B, T, T] (None: causal).
+    Returns (hidden [B, T, D] after the final norm, cache with the new K/V written
+    (lengths unchanged), taps [B, T, len(taps) * D] of the outputs of layers `taps`, or None).
+    """
+    x = embed(params, tokens)
+    new_k, new_v, tapped = [], [], {}
+    for i, p in enumerate(params["layers"]):
+        with jax.named_scope(f"layer_{i}"):
+            h, kc, vc = attention_block(
+                p, cfg, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), positions,
+                cache.k[i], cache.v[i], write_start, block_mask, attn_impl)
+            x = x + h
+            x = x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
+        new_k.append(kc)
+        new_v.append(vc)
+        if i in taps:
+            tapped[i] = x
+    hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    tap_out = jnp.concatenate([tapped[i] for i in taps], axis=-1) if taps else None
+    return hidden, KVCache(k=new_k, v=new_v, lengths=cache.lengths), tap_out
+
+
+def allocate_cache(cfg: ModelConfig, batch: int, num_slots: int, dtype) -> KVCache:
+    return KVCache.allocate(cfg.num_layers, batch, cfg.num_kv_heads, num_slots, cfg.head_dim, dtype)

@@ -1,0 +1,1 @@
+"""Pallas GPU kernels for JetSpec-JAX, each beside its pure-JAX reference."""

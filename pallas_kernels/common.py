@@ -1,0 +1,96 @@
+"""Helpers shared by the attention kernels: GQA row packing, split-K combination, device info."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+LOG2E = math.log2(math.e)
+# Running-max start value: finite, so fully masked rows give exp2(-inf - NEG) = 0 and never NaN.
+NEG_INIT = -1e30
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def round_up(x: int, m: int) -> int:
+    return cdiv(x, m) * m
+
+
+def pack_rows(q, num_kv_heads: int, padded_rows: int, padded_head_dim: int | None = None):
+    """q [B, T, N, H] -> [B, K, Rp, Hp]: the G = N / K query heads sharing a KV head and the T
+    queries become rows r = t * G + g (zero-padded to Rp rows, and to Hp head dims)."""
+    b, t, n, h = q.shape
+    g = n // num_kv_heads
+    x = q.reshape(b, t, num_kv_heads, g, h).transpose(0, 2, 1, 3, 4).reshape(b, num_kv_heads, t * g, h)
+    hp = h if padded_head_dim is None else padded_head_dim
+    if padded_rows != t * g or hp != h:
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, padded_rows - t * g), (0, hp - h)))
+    return x
+
+
+def unpack_rows(o, num_queries: int, num_q_heads: int, head_dim: int):
+    """[B, K, Rp, Hp] -> [B, T, N, H] (inverse of `pack_rows`)."""
+    b, k = o.shape[:2]
+    g = num_q_heads // k
+    o = o[:, :, : num_queries * g, :head_dim].reshape(b, k, num_queries, g, head_dim)
+    return o.transpose(0, 2, 1, 3, 4).reshape(b, num_queries, num_q_heads, head_dim)
+
+
+def combine_splits(o_parts, lse_parts, split_axis: int):
+    """Merges split-K partial results. o_parts: per-split normalized outputs (float32);
+    lse_parts: per-split log2-sum-exp2 of the scaled logits (-inf where a split saw nothing),
+    same shape as o_parts without the last axis. Returns float32 with split_axis removed."""
+    m = jnp.max(lse_parts, axis=split_axis, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    w = jnp.exp2(lse_parts - m)  # 0 for empty splits
+    denom = jnp.sum(w, axis=split_axis)
+    num = jnp.sum(o_parts.astype(jnp.float32) * w[..., None], axis=split_axis)
+    denom = jnp.where(denom > 0, denom, 1.0)
+    return num / denom[..., None]
+
+
+@functools.cache
+def device_info():
+    """(platform, compute capability string or None, number of SMs) of the default device."""
+    try:
+        d = jax.devices()[0]
+    except Exception:  # pragma: no cover
+        return ("cpu", None, 132)
+    cc = getattr(d, "compute_capability", None)
+    sms = getattr(d, "core_count", None) or 132
+    return (d.platform, cc, int(sms))
+
+
+def num_sms() -> int:
+    return device_info()[2]
+
+
+def auto_num_splits(programs: int, kv_len: int, block_k: int, *, sms: int | None = None,
+                    min_blocks_per_split: int = 2, max_splits: int = 64) -> int:
+    """Split-K factor so that programs * splits covers the GPU about twice, while each split
+    still gets at least `min_blocks_per_split` KV blocks of the (static) cache length."""
+    sms = num_sms() if sms is None else sms
+    if programs >= sms:
+        return 1
+    want = cdiv(2 * sms, programs)
+    cap = max(1, kv_len // (block_k * min_blocks_per_split))
+    return int(max(1, min(want, cap, max_splits)))
+
+
+def kernel_dot(a, b, *, trans_b: bool = False, precision=None, upcast: bool = False):
+    """Dot with float32 accumulation inside a Triton-lowered kernel. upcast=True (interpret
+    mode on CPU, whose dot thunk lacks bf16 x bf16 -> f32) computes in float32 instead: the
+    products of bf16/f16 inputs are exact in float32, so results match the GPU's."""
+    from jax.experimental.pallas import triton as pltr
+
+    if upcast and (a.dtype != jnp.float32 or b.dtype != jnp.float32):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        precision = jax.lax.Precision.HIGHEST
+    return pltr.dot(a, b, trans_b=trans_b, precision=precision)

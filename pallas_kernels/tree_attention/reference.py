@@ -1,0 +1,49 @@
+"""Pure-JAX reference of cache attention; also a selectable implementation (XLA)."""
+
+import jax
+import jax.numpy as jnp
+
+
+def visibility(prefix_len, block_mask, num_queries, num_slots):
+    """Dense [B, T, S] visibility: slots < prefix_len, plus block slot prefix_len + j where
+    block_mask[b, t, j] (block_mask None means causal)."""
+    slots = jnp.arange(num_slots)[None, None, :]  # [1, 1, S]
+    rel = slots - prefix_len[:, None, None]  # [B, 1, S] block-relative slot index
+    in_prefix = rel < 0
+    in_block = (rel >= 0) & (rel < num_queries)
+    t = jnp.arange(num_queries)[None, :, None]  # [1, T, 1]
+    if block_mask is None:
+        block_visible = rel <= t
+    else:
+        idx = jnp.clip(rel, 0, num_queries - 1)  # [B, 1, S]
+        idx = jnp.broadcast_to(idx, (prefix_len.shape[0], num_queries, num_slots))
+        block_visible = jnp.take_along_axis(block_mask, idx, axis=2)
+    return in_prefix | (in_block & block_visible)
+
+
+def _cpu_safe(x):
+    """XLA:CPU's dot thunk rejects bf16 x bf16 -> f32 (batched); there, compute the dot on
+    float32 copies instead: products of 16-bit floats are exact in float32, so the result is
+    the same. Other backends keep the 16-bit operands."""
+    if jax.default_backend() == "cpu" and x.dtype in (jnp.bfloat16, jnp.float16):
+        return x.astype(jnp.float32)
+    return x
+
+
+def cache_attention_reference(q, k_cache, v_cache, prefix_len, block_mask=None):
+    """q [B, T, N, H]; k_cache, v_cache [B, K, S, H]; prefix_len [B]; block_mask [B, T, T] bool
+    or None (causal). The block's own keys must already sit at slots prefix_len + j.
+    Returns [B, T, N, H] in q.dtype; softmax in float32."""
+    b, t, n, h = q.shape
+    k_heads, s = k_cache.shape[1], k_cache.shape[2]
+    g = n // k_heads
+    qg = q.reshape(b, t, k_heads, g, h)  # [B, T, K, G, H]
+    logits = jnp.einsum(
+        "BTKGH,BKSH->BKGTS", _cpu_safe(qg), _cpu_safe(k_cache), preferred_element_type=jnp.float32
+    ) * (h**-0.5)
+    visible = visibility(prefix_len, block_mask, t, s)[:, None, None]  # [B, 1, 1, T, S]
+    logits = jnp.where(visible, logits, -jnp.inf)
+    probs = jax.nn.softmax(logits, axis=-1)
+    out = jnp.einsum("BKGTS,BKSH->BTKGH", _cpu_safe(probs.astype(v_cache.dtype)),
+                     _cpu_safe(v_cache), preferred_element_type=jnp.float32)
+    return out.reshape(b, t, n, h).astype(q.dtype)

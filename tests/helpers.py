@@ -1,0 +1,28 @@
+"""Shared builders for tests: tiny random targets and heads."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jetspec_jax import config, draft_head, params as P
+
+TINY = {"dense": config.tiny_dense, "moe": config.tiny_moe, "llama": config.tiny_llama}
+
+
+def tiny_target(kind="dense", seed=0, vocab=16, scale=1.0, **changes):
+    cfg = TINY[kind](vocab_size=vocab, num_layers=3, **changes)
+    return cfg, P.init_params(P.target_specs(cfg), jax.random.key(seed), scale=scale)
+
+
+def tiny_head(tcfg, seed=1, block_size=6, causal=True, mask_token_id=None, num_layers=2):
+    dcfg = draft_head.draft_config_for(tcfg, num_layers=num_layers, block_size=block_size,
+                                       num_taps=2, mask_token_id=mask_token_id, causal=causal)
+    return dcfg, P.init_params(draft_head.draft_specs(dcfg), jax.random.key(seed))
+
+
+def random_prompts(rng: np.random.Generator, batch, max_len, vocab):
+    lens = rng.integers(1, max_len + 1, size=batch)
+    prompt = np.zeros((batch, max_len), np.int32)
+    for b, n in enumerate(lens):
+        prompt[b, :n] = rng.integers(0, vocab, size=n)
+    return jnp.asarray(prompt), jnp.asarray(lens, jnp.int32)
