@@ -86,19 +86,13 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, st
                      pending_count=acc.count, out=out, stats=stats, key=key)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "tcfg", "dcfg", "tree_spec", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl",
-    "cache_dtype"))
-def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
-                  dcfg: DraftConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
-                  stop_ids: tuple[int, ...], num_slots: int, attn_impl: str = "reference",
-                  cache_dtype=jnp.float32) -> tuple[Output, SpecStats]:
-    """Speculative decoding of a right-padded batch; same outputs as `ar_generate` (greedy:
-    token for token; sampling: in distribution)."""
+def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, prompt_lens, key,
+               *, max_new: int, sampler: Sampler, stop_ids, num_slots: int, attn_impl: str,
+               cache_dtype) -> SpecState:
+    """Prefill: the target reads the prompts (with taps), picks the first token, and the draft
+    context is filled with the prompts' taps."""
     b = prompt.shape[0]
     blk = dcfg.block_size
-    check_capacity(prompt.shape[1], max_new, max(tree_spec.budget, blk) + blk,
-                   tcfg.max_position_embeddings, num_slots)
     cache = KVCache.allocate(tcfg.num_layers, b, tcfg.num_kv_heads, num_slots, tcfg.head_dim,
                              cache_dtype)
     logits, cache, prompt_taps = prefill(tparams, tcfg, prompt, prompt_lens, cache,
@@ -109,13 +103,29 @@ def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConf
                                                  stop_ids, max_new)
     dcache = draft_head.allocate_cache(dcfg, b, num_slots, cache_dtype)
     dcache = draft_head.extend_context(dparams, dcfg, dcache, prompt_taps, prompt_lens)
-    state = SpecState(
+    return SpecState(
         cache=cache, draft_cache=dcache, anchor=first,
         pending_taps=jnp.zeros((b, blk, prompt_taps.shape[-1]), prompt_taps.dtype),
         pending_count=jnp.zeros((b,), jnp.int32), out=out,
         stats=SpecStats(rounds=jnp.zeros((b,), jnp.int32),
                         accepted=jnp.zeros((b, max_new), jnp.int32)),
         key=key)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "tcfg", "dcfg", "tree_spec", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl",
+    "cache_dtype"))
+def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
+                  dcfg: DraftConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
+                  stop_ids: tuple[int, ...], num_slots: int, attn_impl: str = "reference",
+                  cache_dtype=jnp.float32) -> tuple[Output, SpecStats]:
+    """Speculative decoding of a right-padded batch; same outputs as `ar_generate` (greedy:
+    token for token; sampling: in distribution)."""
+    check_capacity(prompt.shape[1], max_new, max(tree_spec.budget, dcfg.block_size)
+                   + dcfg.block_size, tcfg.max_position_embeddings, num_slots)
+    state = init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, max_new=max_new,
+                       sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,
+                       attn_impl=attn_impl, cache_dtype=cache_dtype)
     round_fn = functools.partial(speculative_round, tparams, tcfg, dparams, dcfg,
                                  tree_spec=tree_spec, sampler=sampler, stop_ids=stop_ids,
                                  max_new=max_new, attn_impl=attn_impl)

@@ -1,0 +1,159 @@
+"""Speculative decoding on one GPU: (1) the kernels give the same tokens as the reference
+attention, and speculative equals autoregressive output; (2) the cost of one speculative
+round, split into its phases, against one autoregressive step, for a Qwen3-8B-shaped target
+with random bf16 weights and a reference-sized head (5 layers, block 16).
+
+  python bench/bench_speculative.py --out $OUT/spec.json
+Projected speedups use tau from elsewhere (the paper's, or one measured on a real target):
+speedup = tau * t(AR step) / t(round). They are projections, and the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_decode import random_params  # noqa: E402
+from jetspec_jax import config, draft_head, params as P, target  # noqa: E402
+from jetspec_jax.decode import ar_generate, decode_step  # noqa: E402
+from jetspec_jax.sampling import Sampler  # noqa: E402
+from jetspec_jax.speculative import TreeSpec, init_state, spec_generate, speculative_round  # noqa: E402
+from jetspec_jax.tree import build_trees, topk_from_logits  # noqa: E402
+from jetspec_jax.verify import accept, commit, verify_tree  # noqa: E402
+
+PAPER_TAU = {"MATH-500 b256": 10.76, "MT-Bench b256": 5.94}
+GREEDY = Sampler()
+
+
+def timed(fn, repeats=15):
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def check_kernels(dtype):
+    """SmolLM2-shaped random target and head: spec(kernels) vs spec(reference) vs AR."""
+    tcfg = config.smollm2_135m()
+    tp = jax.jit(lambda k: P.init_params(P.target_specs(tcfg), k, dtype))(jax.random.key(0))
+    dcfg = draft_head.draft_config_for(tcfg, num_layers=2, block_size=8, num_taps=3)
+    dp = jax.jit(lambda k: P.init_params(draft_head.draft_specs(dcfg), k, dtype))(
+        jax.random.key(1))
+    prompt = jax.random.randint(jax.random.key(2), (2, 96), 0, tcfg.vocab_size, jnp.int32)
+    lens = jnp.array([96, 57], jnp.int32)
+    kw = dict(max_new=64, sampler=GREEDY, stop_ids=(), num_slots=512, cache_dtype=dtype)
+    outs = {}
+    for impl in ("reference", "auto"):
+        outs[impl] = spec_generate(tp, dp, prompt, lens, jax.random.key(3), tcfg=tcfg, dcfg=dcfg,
+                                   tree_spec=TreeSpec(64, 7), attn_impl=impl, **kw)[0]
+    ar = ar_generate(tp, prompt, lens, jax.random.key(3), cfg=tcfg, attn_impl="auto", **kw)
+    same = lambda a, b: float(jnp.mean(a.tokens[:, :64] == b.tokens[:, :64]))  # noqa: E731
+    return {"dtype": jnp.dtype(dtype).name,
+            "kernels_vs_reference_token_match": same(outs["auto"], outs["reference"]),
+            "speculative_vs_autoregressive_token_match": same(outs["auto"], ar)}
+
+
+def time_round(tcfg, tp, dcfg, dp, context, budgets, batch):
+    num_slots = context + 1024
+    prompt = jax.random.randint(jax.random.key(2), (batch, context), 0, tcfg.vocab_size,
+                                jnp.int32)
+    lens = jnp.full((batch,), context, jnp.int32)
+    make_state = jax.jit(lambda tp, dp, prompt, lens, key: init_state(
+        tp, tcfg, dp, dcfg, prompt, lens, key, max_new=512, sampler=GREEDY, stop_ids=(),
+        num_slots=num_slots, attn_impl="auto", cache_dtype=jnp.bfloat16))
+    state = make_state(tp, dp, prompt, lens, jax.random.key(0))
+    jax.block_until_ready(state)
+
+    ar = jax.jit(lambda c, t: decode_step(tp, tcfg, c, t, jax.random.key(0), GREEDY,
+                                          jnp.zeros((batch,), bool), "auto"))
+    t_ar = timed(lambda: ar(state.cache, state.anchor))
+
+    draft = jax.jit(lambda s: draft_head.draft_block(
+        dp, dcfg, tp, tcfg, draft_head.extend_context(dp, dcfg, s.draft_cache, s.pending_taps,
+                                                      s.pending_count), s.anchor,
+        attn_impl="auto"))
+    t_draft = timed(lambda: draft(state))
+    dlogits = draft(state)
+    rows = []
+    for budget in budgets:
+        spec = TreeSpec(budget, 7)
+        tree_fn = jax.jit(lambda lg, a: build_trees(a, *topk_from_logits(lg, 7), budget=budget))
+        t_tree = timed(lambda: tree_fn(dlogits, state.anchor))
+        tree = tree_fn(dlogits, state.anchor)
+        verify = jax.jit(lambda c, tr: verify_tree(tp, tcfg, c, tr, taps=dcfg.tap_layers,
+                                                   attn_impl="auto"))
+        t_verify = timed(lambda: verify(state.cache, tree))
+        logits, cache, _ = verify(state.cache, tree)
+        acc_commit = jax.jit(lambda lg, c, tr: commit(
+            c, accept(tr, jnp.argmax(lg, -1).astype(jnp.int32), dcfg.depth),
+            jnp.ones((batch,), bool)))
+        t_accept = timed(lambda: acc_commit(logits, cache, tree))
+        round_fn = jax.jit(functools.partial(
+            speculative_round, tp, tcfg, dp, dcfg, tree_spec=spec, sampler=GREEDY, stop_ids=(),
+            max_new=512, attn_impl="auto"))
+        t0 = time.perf_counter()
+        round_fn.lower(state).compile()
+        compile_s = time.perf_counter() - t0
+        t_round = timed(lambda: round_fn(state))
+        row = {"model": tcfg.name, "batch": batch, "context": context, "budget": budget,
+               "ar_step_ms": t_ar * 1e3, "draft_ms": t_draft * 1e3, "tree_ms": t_tree * 1e3,
+               "verify_ms": t_verify * 1e3, "accept_commit_ms": t_accept * 1e3,
+               "round_ms": t_round * 1e3, "round_over_ar": t_round / t_ar,
+               "round_compile_s": compile_s,
+               "projected_speedup": {k: tau * t_ar / t_round for k, tau in PAPER_TAU.items()}}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budgets", type=int, nargs="+", default=[16, 64, 256])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1])
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--model", default="qwen3-8b", help="preset name of the timed target")
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    result = {"device": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
+              "command": " ".join(sys.argv), "checks": [], "rows": []}
+    if not args.skip_check:
+        for dtype in (jnp.float32, jnp.bfloat16):
+            result["checks"].append(check_kernels(dtype))
+            print(json.dumps(result["checks"][-1]), flush=True)
+    tcfg = config.preset(args.model)
+    tp = random_params(P.target_specs(tcfg))
+    dcfg = draft_head.draft_config_for(tcfg, num_layers=5, block_size=16, num_taps=5)
+    dp = random_params(draft_head.draft_specs(dcfg))
+    for batch in args.batches:
+        result["rows"] += time_round(tcfg, tp, dcfg, dp, args.context, args.budgets, batch)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+    print("| batch | budget | AR step ms | draft | tree | verify | accept+commit | round ms | "
+          "round/AR | projected x (tau 10.76) | projected x (tau 5.94) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in result["rows"]:
+        p = r["projected_speedup"]
+        print(f"| {r['batch']} | {r['budget']} | {r['ar_step_ms']:.2f} | {r['draft_ms']:.2f} | "
+              f"{r['tree_ms']:.2f} | {r['verify_ms']:.2f} | {r['accept_commit_ms']:.2f} | "
+              f"{r['round_ms']:.2f} | {r['round_over_ar']:.2f} | "
+              f"{p['MATH-500 b256']:.2f} | {p['MT-Bench b256']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
