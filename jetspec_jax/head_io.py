@@ -70,19 +70,8 @@ _TOP_RULES = [
 ]
 _TOP_NAMES = {"embed": "fc", "final_norm": "hidden_norm"}
 _NO_EMBED = "<the target's embedding>"
-_L = r"layers\.(\d+)\."
 _LAYER_RULES = [
-    Rule(_L + r"input_layernorm\.weight", "layers/{0}/attn_norm"),
-    Rule(_L + r"self_attn\.q_proj\.weight", "layers/{0}/q", "linear"),
-    Rule(_L + r"self_attn\.k_proj\.weight", "layers/{0}/k", "linear"),
-    Rule(_L + r"self_attn\.v_proj\.weight", "layers/{0}/v", "linear"),
-    Rule(_L + r"self_attn\.o_proj\.weight", "layers/{0}/o", "linear"),
-    Rule(_L + r"self_attn\.q_norm\.weight", "layers/{0}/q_norm"),
-    Rule(_L + r"self_attn\.k_norm\.weight", "layers/{0}/k_norm"),
-    Rule(_L + r"post_attention_layernorm\.weight", "layers/{0}/mlp_norm"),
-    Rule(_L + r"mlp\.gate_proj\.weight", "layers/{0}/gate", "linear"),
-    Rule(_L + r"mlp\.up_proj\.weight", "layers/{0}/up", "linear"),
-    Rule(_L + r"mlp\.down_proj\.weight", "layers/{0}/down", "linear"),
+    *hf.decoder_layer_rules(""),
     Rule(r"norm\.weight", "final_norm"),
     Rule(_NO_EMBED, "embed"),
 ]

@@ -94,3 +94,18 @@ def kernel_dot(a, b, *, trans_b: bool = False, precision=None, upcast: bool = Fa
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
         precision = jax.lax.Precision.HIGHEST
     return pltr.dot(a, b, trans_b=trans_b, precision=precision)
+
+
+def load_rows(ref, start, size, width, head_ok, row_ok):
+    """Loads ref[start:start+size, :width] in a Triton-lowered kernel; rows where row_ok is
+    False and columns where head_ok is False (head-dim padding) read as zero."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pltr
+
+    idx = (pl.ds(start, size), pl.ds(0, width))
+    mask = head_ok
+    if row_ok is not None:
+        mask = row_ok[:, None] if mask is None else (row_ok[:, None] & mask)
+    if mask is None:
+        return ref[idx]
+    return pltr.load(ref.at[idx], mask=mask, other=0.0)

@@ -26,3 +26,11 @@ def random_prompts(rng: np.random.Generator, batch, max_len, vocab):
     for b, n in enumerate(lens):
         prompt[b, :n] = rng.integers(0, vocab, size=n)
     return jnp.asarray(prompt), jnp.asarray(lens, jnp.int32)
+
+
+def tree_equal(a, b):
+    """Same structure, dtypes, shapes and values."""
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

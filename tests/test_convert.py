@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from helpers import tree_equal
 from jetspec_jax import config, target
 from jetspec_jax.checkpoint import (CheckpointError, load_target_checkpoint, load_tree,
                                     save_target, save_tree)
@@ -25,13 +26,6 @@ from jetspec_jax.tokenizer import Tokenizer, TokenizerError
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY = ("qwen3", "qwen3_moe", "llama")
 F32 = jnp.float32
-
-
-def tree_equal(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        assert x.dtype == y.dtype and x.shape == y.shape
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 @functools.cache

@@ -14,6 +14,7 @@ from fixtures.make_reference_head import (reference_config, reference_tap_ids,
 from helpers import random_prompts, tiny_head, tiny_target
 from safetensors.numpy import save_file
 
+from helpers import tree_equal
 from jetspec_jax import draft_head
 from jetspec_jax.checkpoint import CheckpointError, save_target
 from jetspec_jax.convert import ConversionError
@@ -25,13 +26,6 @@ from jetspec_jax.sampling import Sampler
 from jetspec_jax.speculative import TreeSpec, spec_generate
 
 F32 = jnp.float32
-
-
-def tree_equal(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        assert x.dtype == y.dtype and x.shape == y.shape
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def make_head(tmp_path, name="head", *, weights_fn=None, dtype=np.float32, seed=0, **config):

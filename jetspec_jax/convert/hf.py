@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -22,24 +23,34 @@ from jetspec_jax.convert.common import ConversionError, Rule, convert_tensors
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
-_L = r"model\.layers\.(\d+)\."
-_E = _L + r"mlp\.experts\.(\d+)\."
+
+
+def decoder_layer_rules(prefix: str) -> list[Rule]:
+    """Rules for the HF Qwen3 / Llama decoder-layer tensors named `{prefix}layers.{i}.*`
+    (the target's, with prefix "model.", and the reference draft head's, with none)."""
+    lyr = re.escape(prefix) + r"layers\.(\d+)\."
+    return [
+        Rule(lyr + r"input_layernorm\.weight", "layers/{0}/attn_norm"),
+        Rule(lyr + r"self_attn\.q_proj\.weight", "layers/{0}/q", "linear"),
+        Rule(lyr + r"self_attn\.k_proj\.weight", "layers/{0}/k", "linear"),
+        Rule(lyr + r"self_attn\.v_proj\.weight", "layers/{0}/v", "linear"),
+        Rule(lyr + r"self_attn\.o_proj\.weight", "layers/{0}/o", "linear"),
+        Rule(lyr + r"self_attn\.q_norm\.weight", "layers/{0}/q_norm"),
+        Rule(lyr + r"self_attn\.k_norm\.weight", "layers/{0}/k_norm"),
+        Rule(lyr + r"post_attention_layernorm\.weight", "layers/{0}/mlp_norm"),
+        Rule(lyr + r"mlp\.gate_proj\.weight", "layers/{0}/gate", "linear"),
+        Rule(lyr + r"mlp\.up_proj\.weight", "layers/{0}/up", "linear"),
+        Rule(lyr + r"mlp\.down_proj\.weight", "layers/{0}/down", "linear"),
+    ]
+
+
+_E = r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\."
 RULES = [
     Rule(r"model\.embed_tokens\.weight", "embed"),
     Rule(r"model\.norm\.weight", "final_norm"),
     Rule(r"lm_head\.weight", "lm_head", "linear"),
-    Rule(_L + r"input_layernorm\.weight", "layers/{0}/attn_norm"),
-    Rule(_L + r"self_attn\.q_proj\.weight", "layers/{0}/q", "linear"),
-    Rule(_L + r"self_attn\.k_proj\.weight", "layers/{0}/k", "linear"),
-    Rule(_L + r"self_attn\.v_proj\.weight", "layers/{0}/v", "linear"),
-    Rule(_L + r"self_attn\.o_proj\.weight", "layers/{0}/o", "linear"),
-    Rule(_L + r"self_attn\.q_norm\.weight", "layers/{0}/q_norm"),
-    Rule(_L + r"self_attn\.k_norm\.weight", "layers/{0}/k_norm"),
-    Rule(_L + r"post_attention_layernorm\.weight", "layers/{0}/mlp_norm"),
-    Rule(_L + r"mlp\.gate_proj\.weight", "layers/{0}/gate", "linear"),
-    Rule(_L + r"mlp\.up_proj\.weight", "layers/{0}/up", "linear"),
-    Rule(_L + r"mlp\.down_proj\.weight", "layers/{0}/down", "linear"),
-    Rule(_L + r"mlp\.gate\.weight", "layers/{0}/router", "linear"),
+    *decoder_layer_rules("model."),
+    Rule(r"model\.layers\.(\d+)\.mlp\.gate\.weight", "layers/{0}/router", "linear"),
     Rule(_E + r"gate_proj\.weight", "layers/{0}/gate", "linear", expert_group=2),
     Rule(_E + r"up_proj\.weight", "layers/{0}/up", "linear", expert_group=2),
     Rule(_E + r"down_proj\.weight", "layers/{0}/down", "linear", expert_group=2),

@@ -42,13 +42,7 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, head_dim, block_k, 
     n = jnp.maximum(jnp.minimum(chunk, kv_len - start), 0)
 
     def load_kv(ref, pos, row_ok):
-        idx = (pl.ds(pos, block_k), pl.ds(0, hp))
-        m = head_ok
-        if row_ok is not None:
-            m = row_ok[:, None] if m is None else (row_ok[:, None] & m)
-        if m is None:
-            return ref[idx]
-        return pltr.load(ref.at[idx], mask=m, other=0.0)
+        return common.load_rows(ref, pos, block_k, hp, head_ok, row_ok)
 
     def step(i, carry, masked):
         acc, m_i, l_i = carry

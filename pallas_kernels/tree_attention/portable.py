@@ -47,13 +47,7 @@ def _kernel(prefix_ref, extent_ref, words_ref, q_ref, k_ref, v_ref, *out_refs, n
     qk_scale = scale * common.LOG2E
 
     def load_kv(ref, start, size, row_ok):
-        idx = (pl.ds(start, size), pl.ds(0, hp))
-        m = head_ok
-        if row_ok is not None:
-            m = row_ok[:, None] if m is None else (row_ok[:, None] & m)
-        if m is None:
-            return ref[idx]
-        return pltr.load(ref.at[idx], mask=m, other=0.0)
+        return common.load_rows(ref, start, size, hp, head_ok, row_ok)
 
     def step(start, size, carry, row_ok, visible):
         acc, m_i, l_i = carry

@@ -1,0 +1,474 @@
+"""The Python API behind the CLI and the notebooks: load a target and a draft head, generate
+(speculative, or autoregressive without a head) with timings and acceptance statistics, and
+sweep tree budgets against autoregressive decoding.
+
+    target = load_target("smollm2-135m")
+    draft = load_draft(default_draft_path(target.name), target)
+    result = generate(target, "Why is the sky blue?", draft=draft, compare_autoregressive=True)
+    print(result.texts[0], result.tau_mean, result.speedup)
+
+Prompts are right-padded into one batch; the prompt width and the cache slots are rounded up
+to buckets and compiled executables are kept per shape, so repeated calls do not recompile and
+`compile_s` is reported apart from the timed run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from jetspec_jax import convert
+from jetspec_jax.checkpoint import CheckpointError
+from jetspec_jax.config import ModelConfig
+from jetspec_jax.decode import ar_generate, check_capacity
+from jetspec_jax.draft_head import DraftConfig
+from jetspec_jax.sampling import Sampler
+from jetspec_jax.speculative import TreeSpec, spec_generate
+from jetspec_jax.tokenizer import Tokenizer, TokenizerError
+from pallas_kernels.tree_attention.api import IMPLEMENTATIONS
+
+DEFAULT_MODEL = "smollm2-135m"
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+ATTN_IMPLS = ("auto", *IMPLEMENTATIONS)
+_NO_GPU_IMPLS = ("auto", "reference", "xla")
+# Where shipped heads live: the repository's checkpoints/ (editable install), or the package's.
+CHECKPOINT_DIRS = (Path(__file__).resolve().parent.parent / "checkpoints",
+                   Path(__file__).resolve().parent / "checkpoints")
+
+__all__ = ["Target", "Draft", "GenerationResult", "load_target", "load_draft",
+           "default_draft_path", "generate", "bench", "read_prompt_file"]
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Target:
+    cfg: ModelConfig
+    params: dict
+    tokenizer: Tokenizer | None
+    name: str  # the model's name (cfg.name): what its default draft head is named after
+    source: str = ""  # what it was loaded from
+
+    @property
+    def dtype(self):
+        return self.params["embed"].dtype
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Draft:
+    dcfg: DraftConfig
+    params: dict
+    path: str | None = None
+
+
+def resolve_dtype(dtype):
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; choose from {sorted(DTYPES)}")
+        return DTYPES[dtype]
+    return jnp.dtype(dtype)
+
+
+def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
+                progress: bool = True) -> Target:
+    """Our checkpoint dir, an HF dir, a .gguf file or an embedded name (see
+    `jetspec_jax.convert.load_target`) -> Target, weights cast to dtype."""
+    with _reading(source):
+        cfg, params, tokenizer = convert.load_target(source, resolve_dtype(dtype),
+                                                     progress=progress)
+    return Target(cfg, params, tokenizer, cfg.name, str(source))
+
+
+@contextlib.contextmanager
+def _reading(source):
+    """Turns orbax's failure on cut or missing array files into one CheckpointError line."""
+    log = logging.getLogger("asyncio")  # orbax logs a traceback there for each unread array
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    except (ValueError, OSError):
+        raise
+    except Exception as e:  # orbax raises a bare Exception
+        cause = e
+        while cause.__cause__ is not None:  # tensorstore's own message is the telling one
+            cause = cause.__cause__
+        raise CheckpointError(f"{source}: cannot read the stored arrays (truncated or corrupt "
+                              f"checkpoint?): {str(cause).splitlines()[0]}") from e
+    finally:
+        log.setLevel(level)
+
+
+def default_draft_path(target_name: str) -> Path | None:
+    """checkpoints/<target_name>-jetspec/ (repository or package) if it is there, else None."""
+    found = [d / f"{target_name}-jetspec" for d in CHECKPOINT_DIRS]
+    return next((p for p in found if p.is_dir()), None)
+
+
+def load_draft(path: str | Path, target: Target) -> Draft:
+    """A draft head (our format or the reference's HF-style format) checked against target."""
+    from jetspec_jax import head_io  # imported on use: only the speculative path needs it
+
+    with _reading(path):
+        dcfg, params = head_io.load_any_draft(path, dtype=target.dtype)
+    draft = Draft(dcfg, params, str(path))
+    check_fits(draft, target)
+    return draft
+
+
+def read_prompt_file(path: str | Path) -> list[str]:
+    """One prompt per non-blank line, or for .jsonl one {"prompt": ...} object per line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such prompt file: {path}")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"prompt file {path} is not UTF-8 text (byte {data[e.start]:#04x} at "
+                         f"offset {e.start}); save it as UTF-8") from None
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise ValueError(f"prompt file {path} holds no prompts (it is empty or blank)")
+    if path.suffix != ".jsonl":
+        return [line for _, line in lines]
+    return [_jsonl_prompt(path, n, line) for n, line in lines]
+
+
+def _jsonl_prompt(path: Path, n: int, line: str) -> str:
+    try:
+        prompt = json.loads(line)["prompt"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        prompt = None
+    if not isinstance(prompt, str):
+        raise ValueError(f'{path}:{n}: expected a JSON object with a "prompt" string')
+    return prompt
+
+
+# ---- options ---------------------------------------------------------------------------------
+
+
+def resolve_attn_impl(attn_impl: str) -> str:
+    """Checks the impl against this machine; "auto" becomes "reference" without a GPU."""
+    if attn_impl not in ATTN_IMPLS:
+        raise ValueError(f"unknown attention impl {attn_impl!r}; choose from {ATTN_IMPLS}")
+    backend = jax.default_backend()
+    if backend == "gpu":
+        return attn_impl
+    if attn_impl not in _NO_GPU_IMPLS:
+        raise ValueError(f"attention impl {attn_impl!r} needs a GPU; this machine has only "
+                         f"{backend.upper()} devices; use --attn-impl reference")
+    return "reference"
+
+
+def default_budget() -> int:
+    """Tree nodes per round: a GPU verifies 64 nodes for about the cost of one token."""
+    return 64 if jax.default_backend() == "gpu" else 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    sampler: Sampler
+    tree_spec: TreeSpec
+    attn_impl: str  # resolved for this machine
+
+
+def decoding_options(*, budget=None, width=7, tree="accum_logp", temperature=0.0, top_k=0,
+                     top_p=1.0, attn_impl="auto") -> Options:
+    """Validates the decoding flags (cheap: the CLI calls it before loading a model)."""
+    budget = default_budget() if budget is None else budget
+    return Options(Sampler(temperature, top_k, top_p), TreeSpec(budget, width, tree),
+                   resolve_attn_impl(attn_impl))
+
+
+def check_fits(draft: Draft, target: Target) -> None:
+    """One ValueError naming every way the head cannot serve the target, and which two."""
+    from jetspec_jax import head_io
+
+    try:
+        head_io.check_head_fits(draft.dcfg, target.cfg)
+    except ValueError as e:
+        where = f"head {draft.path or '<in memory>'}, target {target.source or target.name}"
+        raise ValueError(f"{e} ({where})") from None
+
+
+# ---- prompts -> one padded batch -------------------------------------------------------------
+
+
+def bucket(n: int, step: int = 64) -> int:
+    """n rounded up to a power of two up to step, to a multiple of step past it: few distinct
+    shapes, so calls with similar lengths share compiled code."""
+    return 1 << (n - 1).bit_length() if n <= step else -(-n // step) * step
+
+
+def encode_prompts(target: Target, prompts, *, chat: bool = True) -> list[list[int]]:
+    """str | list[str] | list[list[int]] (or one list[int]) -> token ids per prompt."""
+    if isinstance(prompts, str) or (
+            prompts and all(isinstance(t, (int, np.integer)) for t in prompts)):
+        prompts = [prompts]
+    if not prompts:
+        raise ValueError("no prompts given")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if not p.strip():
+                raise ValueError(f"prompt {i} is empty")
+            out.append(_encode_text(target, p, chat))
+            continue
+        ids = [int(t) for t in p]
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        if bad := [t for t in ids if not 0 <= t < target.cfg.vocab_size]:
+            raise ValueError(f"prompt {i} has token ids {bad[:5]} outside the vocab of "
+                             f"{target.cfg.vocab_size}")
+        out.append(ids)
+    return out
+
+
+def _encode_text(target: Target, text: str, chat: bool) -> list[int]:
+    tok = target.tokenizer
+    if tok is None:
+        raise TokenizerError(f"{target.source} has no tokenizer (no tokenizer.json); pass "
+                             "prompts as token ids")
+    if not chat:
+        return tok.encode(text)
+    if not tok.chat_template:
+        raise TokenizerError(f"the tokenizer of {target.source} has no chat template; pass "
+                             "chat=False (--no-chat)")
+    return tok.apply_chat_template([{"role": "user", "content": text}],
+                                   add_generation_prompt=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    prompt: jax.Array  # [B, P] right-padded, P a bucket
+    lens: jax.Array  # [B]
+    num_slots: int  # S, a bucket
+
+
+def make_batch(target: Target, ids: list[list[int]], max_new: int, extra: int) -> Batch:
+    """Checks every prompt against the context limit and lays the batch out in buckets.
+
+    extra: working slots past prompt + max_new (`check_capacity`'s `extra`)."""
+    limit = target.cfg.max_position_embeddings
+    if max_new < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
+    for i, p in enumerate(ids):
+        if len(p) + max_new > limit:
+            raise ValueError(
+                f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new} it exceeds the "
+                f"model's context limit of {limit} tokens (at most {limit - max_new} prompt "
+                "tokens fit)")
+    longest = max(map(len, ids))
+    width = max(longest, min(bucket(longest), limit - max_new))  # padding must fit the limit
+    num_slots = bucket(check_capacity(width, max_new, extra, limit, None), 128)
+    pad = target.tokenizer.pad_id if target.tokenizer is not None else 0
+    prompt = np.full((len(ids), width), pad, np.int32)
+    for b, p in enumerate(ids):
+        prompt[b, :len(p)] = p
+    return Batch(jnp.asarray(prompt), jnp.asarray([len(p) for p in ids], jnp.int32),
+                 num_slots)
+
+
+# ---- timed runs ------------------------------------------------------------------------------
+
+_COMPILED: dict = {}  # (function, argument shapes, static arguments) -> executable
+
+
+def _timed(fn, args: tuple, static: dict):
+    """-> (fn(*args, **static), seconds to compile and warm up (0 when cached), run seconds)."""
+    key = (fn, jax.tree.structure(args),
+           tuple((x.shape, x.dtype) for x in jax.tree.leaves(args)), tuple(sorted(static.items())))
+    compile_s = 0.0
+    if key not in _COMPILED:
+        start = time.perf_counter()
+        _COMPILED[key] = fn.lower(*args, **static).compile()
+        jax.block_until_ready(_COMPILED[key](*args))  # the first run pays one-time costs
+        compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    out = jax.block_until_ready(_COMPILED[key](*args))
+    return out, compile_s, time.perf_counter() - start
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    texts: list[str]
+    tokens: list[list[int]]  # generated ids per prompt (a final stop token included)
+    prompt_lens: list[int]
+    seconds: float  # the generation, compiled code only
+    compile_s: float  # compilation + one warm-up run; 0 when compiled code was reused
+    attn_impl: str
+    draft: str | None = None  # the head's path; None: autoregressive decoding
+    tree_spec: TreeSpec | None = None
+    rounds: list[int] | None = None  # speculative rounds per sequence
+    accepted: list[list[int]] | None = None  # tokens committed in each round, per sequence
+    ar_tokens: list[list[int]] | None = None  # with compare_autoregressive
+    ar_seconds: float | None = None
+    ar_compile_s: float | None = None
+    greedy: bool = True
+
+    @property
+    def mode(self) -> str:
+        return "autoregressive" if self.rounds is None else "speculative"
+
+    @property
+    def num_generated(self) -> int:
+        return sum(map(len, self.tokens))
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_generated / self.seconds
+
+    @property
+    def tau(self) -> list[float] | None:
+        """Mean tokens committed per round (accepted drafts + 1), per sequence."""
+        if self.accepted is None:
+            return None
+        return [sum(a) / max(len(a), 1) for a in self.accepted]
+
+    @property
+    def tau_mean(self) -> float | None:
+        if self.accepted is None:
+            return None
+        return sum(map(sum, self.accepted)) / max(sum(map(len, self.accepted)), 1)
+
+    @property
+    def tau_hist(self) -> list[int] | None:
+        """tau_hist[k]: rounds (all sequences) that committed k tokens."""
+        if self.accepted is None:
+            return None
+        return np.bincount(np.asarray([k for a in self.accepted for k in a], int)).tolist()
+
+    @property
+    def ar_tokens_per_s(self) -> float | None:
+        return None if self.ar_tokens is None else sum(map(len, self.ar_tokens)) / self.ar_seconds
+
+    @property
+    def speedup(self) -> float | None:
+        return None if self.ar_tokens is None else self.tokens_per_s / self.ar_tokens_per_s
+
+    @property
+    def ar_identical(self) -> bool | None:
+        """Greedy speculative output == greedy autoregressive output (None when sampling)."""
+        return None if self.ar_tokens is None or not self.greedy else self.ar_tokens == self.tokens
+
+    def summary(self) -> str:
+        lines = []
+        if self.mode == "speculative":
+            t = self.tree_spec
+            lines.append(f"speculative: draft {self.draft}, budget {t.budget}, width {t.width}, "
+                         f"tree {t.method}, attention {self.attn_impl}")
+            taus = ", ".join(f"{x:.2f}" for x in self.tau)
+            lines.append(f"  tau {self.tau_mean:.2f} tokens per round"
+                         + (f" (per prompt: {taus})" if len(self.tau) > 1 else "")
+                         + f"; {sum(self.rounds)} rounds")
+        else:
+            lines.append(f"autoregressive: attention {self.attn_impl}")
+        lines.append(f"  {self.num_generated} tokens in {self.seconds:.3f} s: "
+                     f"{self.tokens_per_s:.1f} tok/s (compile + warm-up {self.compile_s:.1f} s)")
+        if self.ar_tokens is not None:
+            same = {None: "n/a (sampling)", True: "yes", False: "NO"}[self.ar_identical]
+            lines.append(f"  autoregressive: {self.ar_tokens_per_s:.1f} tok/s; speedup "
+                         f"{self.speedup:.2f}x; greedy outputs identical: {same}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        keys = ("mode", "texts", "tokens", "prompt_lens", "draft", "attn_impl", "seconds",
+                "compile_s", "num_generated", "tokens_per_s", "rounds", "tau", "tau_mean",
+                "tau_hist", "ar_seconds", "ar_compile_s", "ar_tokens_per_s", "speedup",
+                "ar_identical")
+        d = {k: getattr(self, k) for k in keys}
+        d["tree_spec"] = self.tree_spec and dataclasses.asdict(self.tree_spec)
+        return d
+
+
+# ---- the verbs -------------------------------------------------------------------------------
+
+
+def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]], *,
+             draft: Draft | None = None, max_new_tokens: int = 128, budget: int | None = None,
+             width: int = 7, tree: str = "accum_logp", temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = True,
+             stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
+             compare_autoregressive: bool = False) -> GenerationResult:
+    """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
+
+    budget: tree nodes per round (None: `default_budget()`); chat: wrap text prompts in the
+    chat template; stop_ids: None means the tokenizer's eos ids; compare_autoregressive: also
+    time autoregressive decoding of the same batch (with a draft only)."""
+    opts = decoding_options(budget=budget, width=width, tree=tree, temperature=temperature,
+                            top_k=top_k, top_p=top_p, attn_impl=attn_impl)
+    if draft is not None:
+        check_fits(draft, target)
+    ids = encode_prompts(target, prompts, chat=chat)
+    if stop_ids is None:
+        stop_ids = (target.tokenizer and target.tokenizer.eos_token_ids) or target.cfg.eos_token_ids
+    spec = opts.tree_spec
+    extra = 1 if draft is None else max(spec.budget, draft.dcfg.block_size) + draft.dcfg.block_size
+    batch = make_batch(target, ids, max_new_tokens, extra)
+    static = dict(max_new=max_new_tokens, sampler=opts.sampler,
+                  stop_ids=tuple(int(s) for s in stop_ids), num_slots=batch.num_slots,
+                  attn_impl=opts.attn_impl, cache_dtype=jnp.dtype(target.dtype))
+    key = jax.random.key(seed)
+
+    def autoregressive():
+        return _timed(ar_generate, (target.params, batch.prompt, batch.lens, key),
+                      dict(cfg=target.cfg, **static))
+
+    common = dict(prompt_lens=[len(p) for p in ids], attn_impl=opts.attn_impl,
+                  greedy=opts.sampler.greedy)
+    if draft is None:
+        out, compile_s, seconds = autoregressive()
+        return GenerationResult(*_decoded(target, out), seconds=seconds, compile_s=compile_s,
+                                **common)
+    (out, stats), compile_s, seconds = _timed(
+        spec_generate, (target.params, draft.params, batch.prompt, batch.lens, key),
+        dict(tcfg=target.cfg, dcfg=draft.dcfg, tree_spec=spec, **static))
+    rounds = np.asarray(stats.rounds).tolist()
+    accepted = [row[:r].tolist() for row, r in zip(np.asarray(stats.accepted), rounds)]
+    result = GenerationResult(*_decoded(target, out), seconds=seconds, compile_s=compile_s,
+                              draft=draft.path or "<in memory>", tree_spec=spec, rounds=rounds,
+                              accepted=accepted, **common)
+    if compare_autoregressive:
+        ar, result.ar_compile_s, result.ar_seconds = autoregressive()
+        result.ar_tokens = _decoded(target, ar)[1]
+    return result
+
+
+def _decoded(target: Target, out) -> tuple[list[str], list[list[int]]]:
+    """-> (texts, token ids) of each sequence (texts empty without a tokenizer)."""
+    tokens, counts = np.asarray(out.tokens), np.asarray(out.num_tokens)
+    ids = [tokens[b, :n].tolist() for b, n in enumerate(counts)]
+    tok = target.tokenizer
+    return [tok.decode(t, skip_special_tokens=True) if tok else "" for t in ids], ids
+
+
+def bench(target: Target, prompts, *, draft: Draft, budgets: Sequence[int] = (4, 8, 16, 32, 64),
+          max_new_tokens: int = 128, width: int = 7, tree: str = "accum_logp", chat: bool = True,
+          attn_impl: str = "auto", progress: bool = True) -> list[dict]:
+    """Greedy speculative vs autoregressive decoding of the same batch, for each budget (each
+    pair timed back to back) -> one row per budget."""
+    for b in budgets:  # every budget checked before anything runs
+        decoding_options(budget=b, width=width, tree=tree, attn_impl=attn_impl)
+    rows = []
+    for b in tqdm(budgets, desc="bench", unit="budget", disable=not progress):
+        r = generate(target, prompts, draft=draft, max_new_tokens=max_new_tokens, budget=b,
+                     width=width, tree=tree, chat=chat, attn_impl=attn_impl,
+                     compare_autoregressive=True)
+        rows.append(dict(budget=b, tau=r.tau_mean, tau_hist=r.tau_hist, tokens=r.num_generated,
+                         seconds=r.seconds, tokens_per_s=r.tokens_per_s,
+                         ar_seconds=r.ar_seconds, ar_tokens_per_s=r.ar_tokens_per_s,
+                         speedup=r.speedup, identical=r.ar_identical,
+                         compile_s=r.compile_s + r.ar_compile_s))
+    return rows

@@ -1,0 +1,244 @@
+"""The `jetspec` command: convert | generate | bench (thin wrappers over `jetspec_jax.api`).
+
+    jetspec generate                      # SmolLM2-135M-Instruct, built-in prompt
+    jetspec generate --prompt "Hi!" --draft checkpoints/smollm2-135m-jetspec --compare
+    jetspec convert path/to/Qwen3-8B checkpoints/qwen3-8b --dtype bfloat16
+    jetspec bench --budgets 8 16 32 64 --out bench.json
+
+Expected failures (bad paths, checkpoints, prompts, flags) print one `error: ...` message to
+stderr and exit with status 2; --debug shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import jax
+
+from jetspec_jax import api
+
+BUILTIN_PROMPT = "Explain in three sentences why the sky is blue."
+BENCH_PROMPTS = (
+    "Explain in three sentences why the sky is blue.",
+    "Write a short poem about the sea.",
+    "List five fruits and one fact about each.",
+    "How do I reverse a list in Python? Show an example.",
+)
+TREES = ("accum_logp", "top2gap", "chain")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (ValueError, OSError, NotImplementedError) as e:  # bad inputs, named in the message
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jetspec", description="JetSpec speculative decoding for Qwen3-family models.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error instead of a one-line message")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _convert_parser(sub)
+    _generate_parser(sub)
+    _bench_parser(sub)
+    return parser
+
+
+def _subparser(sub, name: str, help: str, description: str):
+    return sub.add_parser(name, help=help, description=description)
+
+
+# ---- convert ---------------------------------------------------------------------------------
+
+
+def _convert_parser(sub) -> None:
+    p = _subparser(sub, "convert", "convert a checkpoint into ours",
+                   "Converts a target model (an HF directory with config.json + safetensors, a "
+                   ".gguf file, or an embedded name such as smollm2-135m) into our orbax "
+                   "checkpoint, tokenizer included; with --head, converts a reference-format "
+                   "draft head (config.json with dflash_config + model.safetensors) into ours. "
+                   "Nothing is written at DST unless the whole conversion succeeds.")
+    p.add_argument("src", metavar="SRC", help="HF checkpoint directory, .gguf file, embedded "
+                   "model name, or (with --head) a reference draft-head directory")
+    p.add_argument("dst", metavar="DST", help="directory to write our checkpoint to")
+    p.add_argument("--dtype", choices=sorted(api.DTYPES), default="bfloat16",
+                   help="dtype the weights are stored in (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    p.add_argument("--head", action="store_true",
+                   help="SRC is a reference-format draft head, not a target model")
+    p.set_defaults(run=run_convert)
+
+
+def run_convert(args) -> None:
+    dtype = api.resolve_dtype(args.dtype)
+    if Path(args.dst).exists() and not args.overwrite:  # before the (long) conversion
+        raise FileExistsError(f"{args.dst} exists; pass --overwrite to replace it")
+    if args.head:
+        from jetspec_jax import head_io
+
+        dst = head_io.convert_reference_head(args.src, args.dst, dtype=dtype,
+                                             overwrite=args.overwrite, progress=True)
+    else:
+        from jetspec_jax.convert import convert
+
+        dst = convert(args.src, args.dst, dtype=dtype, overwrite=args.overwrite)
+    print(f"wrote {dst}")
+
+
+# ---- generate and bench ----------------------------------------------------------------------
+
+
+def _model_flags(p, *, without_head: str) -> None:
+    p.add_argument("--model", default=api.DEFAULT_MODEL,
+                   help="target: our checkpoint directory, an HF directory, a .gguf file or an "
+                   "embedded name (default: %(default)s, embedded)")
+    p.add_argument("--draft", metavar="PATH",
+                   help="draft head: our checkpoint or a reference-format head directory "
+                   f"(default: checkpoints/<model name>-jetspec/ if it exists; {without_head})")
+    p.add_argument("--dtype", choices=sorted(api.DTYPES), default="float32",
+                   help="dtype the weights are cast to on load (default: %(default)s)")
+    p.add_argument("--prompt", action="append", metavar="TEXT",
+                   help="a prompt; repeat for a batch (default: a built-in prompt)")
+    p.add_argument("--prompt-file", metavar="FILE",
+                   help="UTF-8 file with one prompt per line, or a .jsonl file of "
+                   '{"prompt": ...} objects; added after any --prompt')
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
+                   help="tokens generated per prompt at most, fewer if a stop token comes "
+                   "(default: %(default)s)")
+    p.add_argument("--width", type=int, default=7, metavar="K",
+                   help="draft candidates considered per tree node, the top-K of each depth "
+                   "(default: %(default)s)")
+    p.add_argument("--tree", choices=TREES, default="accum_logp",
+                   help="tree builder: accum_logp (best nodes by path log-probability), top2gap "
+                   "(branch where the draft is unsure), chain (a single path) "
+                   "(default: %(default)s)")
+    p.add_argument("--attn-impl", choices=api.ATTN_IMPLS, default="auto",
+                   help="attention implementation: auto picks the best GPU kernel, or the "
+                   "XLA reference on CPU; the Pallas kernels (portable/triton, mosaic/hopper, "
+                   "decode) need a GPU (default: %(default)s)")
+    p.add_argument("--no-chat", action="store_true",
+                   help="feed prompts as raw text instead of wrapping them in the chat template")
+
+
+def _generate_parser(sub) -> None:
+    p = _subparser(sub, "generate", "generate text (speculative if a draft head is found)",
+                   "Generates from each prompt. With a draft head (--draft, or the default "
+                   "head shipped for the model) decoding is speculative and tau (mean tokens "
+                   "committed per round) is printed; otherwise it is autoregressive. Timings "
+                   "exclude compilation, which is reported separately. With no arguments: "
+                   "SmolLM2-135M-Instruct on a built-in prompt.")
+    _model_flags(p, without_head="else autoregressive")
+    p.add_argument("--no-draft", action="store_true",
+                   help="decode autoregressively even if a default draft head exists")
+    p.add_argument("--budget", type=int, metavar="N",
+                   help="tree nodes verified per round, 1..1024 (default: 64 on GPU, 16 on CPU)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sampling temperature; 0 means greedy decoding (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="sample among the K likeliest tokens only; 0 keeps all "
+                   "(default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="sample among the smallest set of tokens holding probability P "
+                   "(default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed for sampling (default: %(default)s)")
+    p.add_argument("--compare", action="store_true",
+                   help="also decode autoregressively in the same run and print the speedup "
+                   "(and, greedy, whether the outputs are identical)")
+    p.set_defaults(run=run_generate)
+
+
+def _bench_parser(sub) -> None:
+    p = _subparser(sub, "bench", "speculative vs autoregressive speed over tree budgets",
+                   "For each budget, decodes the prompts (greedy) speculatively and "
+                   "autoregressively back to back and prints tau, tok/s and the speedup. "
+                   "Needs a draft head.")
+    _model_flags(p, without_head="bench needs one")
+    p.add_argument("--budgets", type=int, nargs="+", default=[4, 8, 16, 32, 64],
+                   metavar="N", help="tree budgets to sweep (default: %(default)s)")
+    p.add_argument("--out", metavar="FILE", help="also write the results as JSON")
+    p.set_defaults(run=run_bench, no_draft=False)
+
+
+def _prompts(args) -> list[str]:
+    prompts = list(args.prompt or [])
+    if args.prompt_file:
+        prompts += api.read_prompt_file(args.prompt_file)
+    return prompts
+
+
+def _load(args, *, need_draft: bool):
+    """-> (target, draft): --draft, else the shipped default head unless --no-draft, else None."""
+    target = api.load_target(args.model, dtype=args.dtype)
+    if args.draft:
+        return target, api.load_draft(args.draft, target)
+    if args.no_draft:
+        return target, None
+    if (path := api.default_draft_path(target.name)) is not None:
+        return target, api.load_draft(path, target)
+    if need_draft:
+        raise ValueError(f"bench needs a draft head: pass --draft PATH (no default head "
+                         f"checkpoints/{target.name}-jetspec/ is installed)")
+    print(f"note: no draft head for {target.name} (pass --draft PATH); decoding "
+          "autoregressively", file=sys.stderr)
+    return target, None
+
+
+def run_generate(args) -> None:
+    prompts = _prompts(args) or [BUILTIN_PROMPT]
+    api.decoding_options(budget=args.budget, width=args.width, tree=args.tree,
+                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         attn_impl=args.attn_impl)
+    target, draft = _load(args, need_draft=False)
+    if args.compare and draft is None:
+        print("note: --compare needs a draft head; nothing to compare with", file=sys.stderr)
+    result = api.generate(
+        target, prompts, draft=draft, max_new_tokens=args.max_new_tokens, budget=args.budget,
+        width=args.width, tree=args.tree, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, chat=not args.no_chat, attn_impl=args.attn_impl,
+        compare_autoregressive=args.compare)
+    for i, text in enumerate(result.texts):
+        if len(result.texts) > 1:
+            print(f"=== prompt {i} ===")
+        print(text)
+    print()
+    print(result.summary())
+
+
+def run_bench(args) -> None:
+    prompts = _prompts(args) or list(BENCH_PROMPTS)
+    for budget in args.budgets:
+        api.decoding_options(budget=budget, width=args.width, tree=args.tree,
+                             attn_impl=args.attn_impl)
+    target, draft = _load(args, need_draft=True)
+    rows = api.bench(target, prompts, draft=draft, budgets=args.budgets,
+                     max_new_tokens=args.max_new_tokens, width=args.width, tree=args.tree,
+                     chat=not args.no_chat, attn_impl=args.attn_impl)
+    print(f"{target.name}, draft {draft.path}, {len(prompts)} prompts, "
+          f"{args.max_new_tokens} new tokens, tree {args.tree}, width {args.width}")
+    print(f"{'budget':>6} {'tau':>6} {'tok/s':>9} {'AR tok/s':>9} {'speedup':>8} identical")
+    for r in rows:
+        same = "yes" if r["identical"] else "NO"
+        print(f"{r['budget']:>6} {r['tau']:>6.2f} {r['tokens_per_s']:>9.1f} "
+              f"{r['ar_tokens_per_s']:>9.1f} {r['speedup']:>7.2f}x {same}")
+    if args.out:
+        info = dict(model=args.model, draft=draft.path, prompts=prompts,
+                    max_new_tokens=args.max_new_tokens, tree=args.tree, width=args.width,
+                    attn_impl=api.resolve_attn_impl(args.attn_impl), dtype=args.dtype,
+                    backend=jax.default_backend(), rows=rows)
+        Path(args.out).write_text(json.dumps(info, indent=1))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""The Python API and the `jetspec` CLI on a tiny target saved as our checkpoint (with a
+word-level tokenizer), plus one smoke run of the embedded SmolLM2 default; and one test per
+row of docs/bad_inputs.md that the API and CLI own."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tokenizers import Tokenizer as Backend, models, pre_tokenizers
+
+import jetspec_jax
+from fixtures.make_reference_head import reference_config, reference_weights, write_reference_head
+from helpers import tiny_head, tiny_target
+from jetspec_jax import api
+from jetspec_jax.checkpoint import save_target
+from jetspec_jax.cli import main
+from jetspec_jax.convert.hf import load_hf
+from jetspec_jax.head_io import save_draft
+from jetspec_jax.speculative import MAX_BUDGET
+from jetspec_jax.tokenizer import Tokenizer, TokenizerError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+VOCAB = 32
+CHAT = ("{% for m in messages %}<user> {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}<bot>{% endif %}")
+GPU_ONLY = ("mosaic", "triton", "portable", "decode")
+
+
+def word_tokenizer() -> Tokenizer:
+    """<eos> <user> <bot> w0 ... w28: one id per whitespace-separated word."""
+    words = ["<eos>", "<user>", "<bot>"] + [f"w{i}" for i in range(VOCAB - 3)]
+    backend = Backend(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return Tokenizer(backend, chat_template=CHAT, special_tokens={"eos_token": "<eos>"},
+                     eos_token_ids=(0,))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Our checkpoints of a tiny target (context limit 512) and of a random head for it."""
+    root = tmp_path_factory.mktemp("tiny")
+    tcfg, tparams = tiny_target("dense", vocab=VOCAB)
+    dcfg, dparams = tiny_head(tcfg, block_size=6)
+    return SimpleNamespace(
+        target=save_target(root / "target", tparams, tcfg, tokenizer=word_tokenizer()),
+        head=save_draft(root / "head", dparams, dcfg), cfg=tcfg)
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_error(capsys, *argv) -> str:
+    """Runs a CLI call that must fail cleanly; returns its stderr."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2, (out, err)
+    assert "Traceback" not in err and "\nerror: " in "\n" + err, err  # after any progress bar
+    return err[err.index("error: "):]
+
+
+# ---- API -------------------------------------------------------------------------------------
+
+
+def test_generate_speculative_matches_autoregressive(tiny):
+    target = jetspec_jax.load_target(tiny.target)
+    draft = jetspec_jax.load_draft(tiny.head, target)
+    r = jetspec_jax.generate(target, ["w1 w2 w3", "w4"], draft=draft, max_new_tokens=10,
+                             budget=8, compare_autoregressive=True)
+    assert r.mode == "speculative" and r.ar_identical and r.tokens == r.ar_tokens
+    # The first token comes from the prefill; the rounds commit the rest (the last maybe cut).
+    assert all(1 + sum(a) >= len(t) for a, t in zip(r.accepted, r.tokens))
+    assert len(r.tau) == 2 and all(t >= 1 for t in r.tau)
+    assert sum(r.tau_hist) == sum(r.rounds) and r.tau_hist[0] == 0
+    assert r.tokens_per_s > 0 and r.ar_tokens_per_s > 0 and r.speedup > 0 and r.compile_s > 0
+    assert all(set(text.split()) <= {f"w{i}" for i in range(VOCAB)} for text in r.texts)
+    json.dumps(r.to_dict())
+
+    # Other prompt lengths in the same bucket reuse the compiled code.
+    again = jetspec_jax.generate(target, ["w5 w6", "w7 w8 w9 w10"], draft=draft,
+                                 max_new_tokens=10, budget=8)
+    assert again.compile_s == 0.0
+    ar = jetspec_jax.generate(target, ["w1 w2 w3", "w4"], max_new_tokens=10)
+    assert ar.mode == "autoregressive" and ar.tau is None and ar.tokens == r.tokens
+
+
+def test_generate_token_prompts_and_sampling(tiny):
+    target = api.load_target(tiny.target)
+    greedy = api.generate(target, [3, 4, 5], max_new_tokens=6, stop_ids=())
+    assert len(greedy.tokens) == 1 and len(greedy.tokens[0]) == 6
+    assert greedy.tokens == api.generate(target, "w0 w1 w2", chat=False, max_new_tokens=6,
+                                         stop_ids=()).tokens
+    kw = dict(max_new_tokens=6, temperature=1.0, top_k=8, stop_ids=())
+    a = api.generate(target, [[3, 4, 5], [6]], seed=1, **kw)
+    assert a.tokens == api.generate(target, [[3, 4, 5], [6]], seed=1, **kw).tokens
+
+
+def test_default_draft_path(tmp_path, monkeypatch):
+    assert api.default_draft_path("tiny-dense") is None
+    (tmp_path / "tiny-dense-jetspec").mkdir()
+    monkeypatch.setattr(api, "CHECKPOINT_DIRS", (tmp_path,))
+    assert api.default_draft_path("tiny-dense") == tmp_path / "tiny-dense-jetspec"
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+
+
+def test_cli_generate_speculative(tiny, capsys):
+    code, out, _ = run_cli(capsys, "generate", "--model", tiny.target, "--draft", tiny.head,
+                           "--prompt", "w1 w2", "--prompt", "w3", "--max-new-tokens", 6,
+                           "--budget", 4, "--compare")
+    assert code == 0
+    assert "=== prompt 1 ===" in out and "speculative: draft" in out and "tau " in out
+    assert "tok/s" in out and "speedup" in out and "greedy outputs identical: yes" in out
+
+
+def test_cli_generate_autoregressive_from_prompt_file(tiny, capsys, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w1 w2"}\n\n{"prompt": "w3"}\n')
+    code, out, _ = run_cli(capsys, "generate", "--model", tiny.target, "--no-draft",
+                           "--prompt-file", prompts, "--no-chat", "--max-new-tokens", 5)
+    assert code == 0 and "autoregressive" in out and "=== prompt 1 ===" in out
+
+
+def test_cli_convert_round_trip(capsys, tmp_path):
+    dst = tmp_path / "llama"
+    code, out, _ = run_cli(capsys, "convert", FIXTURES / "llama", dst, "--dtype", "float32")
+    assert code == 0 and f"wrote {dst}" in out
+    target = api.load_target(dst)
+    cfg, params = load_hf(FIXTURES / "llama", dtype=jnp.float32, progress=False)
+    assert target.cfg == cfg
+    for x, y in zip(jax.tree.leaves(target.params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert "exists; pass --overwrite" in cli_error(capsys, "convert", FIXTURES / "llama", dst)
+    assert run_cli(capsys, "convert", FIXTURES / "llama", dst, "--overwrite")[0] == 0
+
+
+def test_cli_convert_reference_head(tiny, capsys, tmp_path):
+    config = reference_config(vocab_size=VOCAB)
+    ref = write_reference_head(tmp_path / "ref", config, reference_weights(config))
+    code, out, _ = run_cli(capsys, "convert", "--head", ref, tmp_path / "ours",
+                           "--dtype", "float32")
+    assert code == 0 and "wrote" in out
+    target = api.load_target(tiny.target)
+    ours, theirs = api.load_draft(tmp_path / "ours", target), api.load_draft(ref, target)
+    assert ours.dcfg == theirs.dcfg
+    for x, y in zip(jax.tree.leaves(ours.params), jax.tree.leaves(theirs.params)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    code, out, _ = run_cli(capsys, "generate", "--model", tiny.target, "--draft", ref,
+                           "--prompt", "w1", "--max-new-tokens", 4, "--budget", 4)
+    assert code == 0 and f"speculative: draft {ref}" in out
+
+
+def test_cli_bench(tiny, capsys, tmp_path):
+    out_file = tmp_path / "bench.json"
+    code, out, err = run_cli(capsys, "bench", "--model", tiny.target, "--draft", tiny.head,
+                             "--prompt", "w1 w2", "--prompt", "w3 w4 w5",
+                             "--max-new-tokens", 6, "--budgets", 2, 4, "--out", out_file)
+    assert code == 0 and "budget" in out and "speedup" in out and "bench" in err  # progress
+    rows = json.loads(out_file.read_text())["rows"]
+    assert [r["budget"] for r in rows] == [2, 4]
+    assert all(r["identical"] and r["tau"] >= 1 and r["speedup"] > 0 for r in rows)
+
+
+def test_cli_generate_default_smollm2(capsys):
+    """No model flags: the embedded SmolLM2-135M-Instruct on the built-in prompt."""
+    code, out, _ = run_cli(capsys, "generate", "--max-new-tokens", 8)
+    assert code == 0 and "tok/s" in out and out.strip().splitlines()[0].strip()
+
+
+# ---- bad inputs (docs/bad_inputs.md) ---------------------------------------------------------
+
+
+def test_bad_missing_paths(tiny, capsys, tmp_path):
+    err = cli_error(capsys, "generate", "--model", tmp_path / "nowhere")
+    assert "nowhere: no such file or directory; expected a jetspec_jax checkpoint" in err
+    err = cli_error(capsys, "generate", "--model", tiny.target, "--draft", tmp_path / "nohead")
+    assert "no draft head at" in err and "nohead: no such file or directory" in err
+    err = cli_error(capsys, "generate", "--prompt-file", tmp_path / "none.txt")
+    assert "no such prompt file:" in err
+
+
+CUT_ARRAYS = "cannot read the stored arrays (truncated or corrupt checkpoint?)"
+
+
+@pytest.mark.parametrize("which,cut,message", [
+    ("target", "ocdbt.process_0", CUT_ARRAYS),
+    ("target", "_METADATA", "does not match the model config:\n  missing tensor embed"),
+    ("head", "ocdbt.process_0", CUT_ARRAYS),
+], ids=["target-arrays", "target-array-index", "head-arrays"])
+def test_bad_truncated_checkpoint(tiny, capsys, tmp_path, which, cut, message):
+    broken = tmp_path / "broken"
+    shutil.copytree(getattr(tiny, which), broken)
+    victim = broken / "params" / cut
+    shutil.rmtree(victim) if victim.is_dir() else victim.unlink()
+    flags = ["--model", broken, "--no-draft"] if which == "target" else [
+        "--model", tiny.target, "--draft", broken]
+    err = cli_error(capsys, "generate", *flags)
+    assert message in err
+    assert message != CUT_ARRAYS or err.count("\n") == 1  # orbax's logged tracebacks silenced
+
+
+def test_bad_hf_architecture(capsys, tmp_path):
+    src = tmp_path / "mistral"
+    shutil.copytree(FIXTURES / "llama", src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config,
+                                                 "architectures": ["MistralForCausalLM"]}))
+    err = cli_error(capsys, "convert", src, tmp_path / "out")
+    assert "unsupported architecture ['MistralForCausalLM']; supported:" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_head_target_mismatch(tiny, capsys, tmp_path):
+    other, _ = tiny_target("dense", vocab=VOCAB, hidden_size=32)
+    dcfg, dparams = tiny_head(other)
+    head = save_draft(tmp_path / "other-head", dparams, dcfg)
+    err = cli_error(capsys, "generate", "--model", tiny.target, "--draft", head)
+    assert "draft head does not fit the target: head hidden size 32 != target hidden size 64" \
+        in err and str(head) in err
+    target = api.load_target(tiny.target)
+    with pytest.raises(ValueError, match="head hidden size 32 != target hidden size 64"):
+        api.generate(target, "w1", draft=api.Draft(dcfg, dparams))
+
+
+def test_bad_prompt_over_context_limit(tiny, capsys):
+    err = cli_error(capsys, "generate", "--model", tiny.target, "--no-draft", "--prompt",
+                    "w1 " * 600, "--max-new-tokens", 16)
+    assert "prompt 0 has 602 tokens" in err and "context limit of 512 tokens" in err
+
+
+@pytest.mark.parametrize("budget", [0, MAX_BUDGET + 1])
+def test_bad_budget(tiny, capsys, budget):
+    err = cli_error(capsys, "generate", "--model", tiny.target, "--draft", tiny.head,
+                    "--budget", budget)
+    assert f"budget must be in [1, {MAX_BUDGET}], got {budget}" in err
+
+
+def test_bad_prompt_file_not_utf8(capsys, tmp_path):
+    file = tmp_path / "latin1.txt"
+    file.write_bytes("café\n".encode("latin-1"))
+    err = cli_error(capsys, "generate", "--prompt-file", file)
+    assert "is not UTF-8 text (byte 0xe9 at offset 3)" in err
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n"], ids=["empty", "blank"])
+def test_bad_prompt_file_empty(capsys, tmp_path, text):
+    file = tmp_path / "prompts.txt"
+    file.write_text(text)
+    assert "holds no prompts (it is empty or blank)" in cli_error(capsys, "generate",
+                                                                 "--prompt-file", file)
+
+
+def test_bad_prompt_file_jsonl(capsys, tmp_path):
+    file = tmp_path / "prompts.jsonl"
+    file.write_text('{"prompt": "w1"}\n{"text": "w2"}\n')
+    err = cli_error(capsys, "generate", "--prompt-file", file)
+    assert 'prompts.jsonl:2: expected a JSON object with a "prompt" string' in err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--prompt", "  "], "prompt 0 is empty"),
+    (["--max-new-tokens", 0], "max_new_tokens must be >= 1, got 0"),
+    (["--width", 0], "tree width must be >= 1, got 0"),
+    (["--temperature", -1], "temperature must be >= 0, got -1.0"),
+    (["--top-p", 0], "top_p must be in (0, 1], got 0.0"),
+    (["--top-k", -2], "top_k must be >= 0, got -2"),
+], ids=["empty-prompt", "max-new-tokens", "width", "temperature", "top-p", "top-k"])
+def test_bad_decoding_flags(tiny, capsys, flags, message):
+    assert message in cli_error(capsys, "generate", "--model", tiny.target, "--no-draft",
+                                *flags)
+
+
+def test_bad_bench_without_head(tiny, capsys):
+    err = cli_error(capsys, "bench", "--model", tiny.target)
+    assert "bench needs a draft head: pass --draft PATH" in err
+
+
+def test_bad_no_tokenizer_or_chat_template(tiny):
+    target = api.load_target(tiny.target)
+    with pytest.raises(TokenizerError, match="has no tokenizer .*pass prompts as token ids"):
+        api.generate(dataclasses.replace(target, tokenizer=None), "w1")
+    plain = Tokenizer(target.tokenizer.backend, eos_token_ids=(0,))
+    with pytest.raises(TokenizerError, match=r"has no chat template; pass chat=False \(--no-chat"):
+        api.generate(dataclasses.replace(target, tokenizer=plain), "w1")
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks a machine without a GPU")
+@pytest.mark.parametrize("impl", GPU_ONLY)
+def test_bad_gpu_only_attn_impl_on_cpu(capsys, impl):
+    err = cli_error(capsys, "generate", "--attn-impl", impl)
+    assert (f"attention impl {impl!r} needs a GPU; this machine has only CPU devices; "
+            "use --attn-impl reference") in err
