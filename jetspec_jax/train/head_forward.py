@@ -1,0 +1,107 @@
+"""The draft head's training forward: many anchored blocks per sequence in one pass.
+
+At inference a block anchored at position a (the last committed token, whose taps are not yet
+in the context) sees the context features of positions 0..a-1 and sits at positions
+a..a+blk-1. Here the frozen target runs once over whole sequences [B, T]; the context K/V of
+every position is built once per layer (with `draft_head.extend_context`, so it is the
+inference code) and A blocks per sequence attend to it under a dense mask: block slots of
+anchor a see context positions < a and the slots of their own block (causal or bidirectional
+as `dcfg.causal`), never another block. Plain jnp, for training and tests; the inference path
+keeps the cached kernels.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jetspec_jax import draft_head, target
+from jetspec_jax.config import ModelConfig
+from jetspec_jax.draft_head import DraftConfig
+from jetspec_jax.layers import rms_norm, rope
+
+
+def target_pass(tparams, tcfg: ModelConfig, tokens, tap_layers):
+    """Causal target forward over tokens [B, T] -> (final hidden [B, T, D], taps [B, T, k*D])."""
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    cache = target.allocate_cache(tcfg, b, t, tparams["embed"].dtype)
+    hidden, _, taps = target.forward(tparams, tcfg, tokens, positions, cache,
+                                     jnp.zeros((b,), jnp.int32), taps=tap_layers)
+    return hidden, taps
+
+
+def target_logits_at(tparams, tcfg: ModelConfig, hidden, positions):
+    """hidden [B, T, D], positions [B, A, J] (clipped to T-1) -> float32 logits [B, A, J, V]."""
+    b, a, j = positions.shape
+    idx = jnp.clip(positions, 0, hidden.shape[1] - 1).reshape(b, a * j)
+    picked = jnp.take_along_axis(hidden, idx[:, :, None], axis=1)  # [B, A*J, D]
+    return target.lm_head(tparams, tcfg, picked).reshape(b, a, j, -1)
+
+
+def sample_anchors(key, lengths, prompt_lengths, num_anchors: int, seq_len: int):
+    """A distinct random anchors per sequence in the response region [P, L-2] (an anchor needs
+    at least one supervised token after it). -> (anchors [B, A] int32, valid [B, A]); when a
+    sequence has fewer than A such positions the rest are marked invalid."""
+    pos = jnp.arange(seq_len)[None, :]
+    ok = (pos >= prompt_lengths[:, None]) & (pos <= lengths[:, None] - 2)  # [B, T]
+    score = jnp.where(ok, jax.random.uniform(key, ok.shape), -1.0)
+    top, anchors = jax.lax.top_k(score, num_anchors)
+    return anchors.astype(jnp.int32), top >= 0
+
+
+def block_visibility(dcfg: DraftConfig, anchors, seq_len: int):
+    """anchors [B, A] -> bool [B, A*blk, T + A*blk]: context positions < anchor, then the
+    block slots of the query's own block (lower-triangular when causal)."""
+    b, a = anchors.shape
+    blk = dcfg.block_size
+    ctx = jnp.arange(seq_len)[None, None, None, :] < anchors[:, :, None, None]  # [B, A, 1, T]
+    ctx = jnp.broadcast_to(ctx, (b, a, blk, seq_len)).reshape(b, a * blk, seq_len)
+    inside = draft_head.block_mask(dcfg, 1)[0]  # [blk, blk]
+    own = jnp.eye(a, dtype=bool)[:, None, :, None] & inside[None, :, None, :]  # [A, blk, A, blk]
+    own = jnp.broadcast_to(own.reshape(1, a * blk, a * blk), (b, a * blk, a * blk))
+    return jnp.concatenate([ctx, own], axis=-1)
+
+
+def dense_attention(q, k, v, visible):
+    """q [B, Q, N, H]; k, v [B, S, K, H]; visible [B, Q, S] -> [B, Q, N, H]; softmax in f32."""
+    b, nq, n, h = q.shape
+    kh = k.shape[2]
+    qg = q.reshape(b, nq, kh, n // kh, h)  # [B, Q, K, G, H]
+    logits = jnp.einsum("BQKGH,BSKH->BKGQS", qg, k, preferred_element_type=jnp.float32)
+    logits = jnp.where(visible[:, None, None], logits * h**-0.5, -jnp.inf)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("BKGQS,BSKH->BQKGH", probs, v, preferred_element_type=jnp.float32)
+    return out.reshape(b, nq, n, h).astype(q.dtype)
+
+
+def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, tokens, anchors):
+    """Draft logits [B, A, blk-1, V] (float32) of the blocks anchored at anchors [B, A].
+
+    taps [B, T, k*D] are the target's tapped features of tokens [B, T]; slot d of the block
+    at anchor a drafts the token at position a + d, exactly as `draft_block` would after
+    `extend_context` with the taps of positions 0..a-1."""
+    cfg = dcfg.layers
+    b, t = tokens.shape
+    a = anchors.shape[1]
+    blk = dcfg.block_size
+    ctx = draft_head.extend_context(  # context K/V of all T positions, every draft layer
+        dparams, dcfg, draft_head.allocate_cache(dcfg, b, t, dparams["fc"].dtype), taps,
+        jnp.full((b,), t, jnp.int32))
+    anchor_tok = jnp.take_along_axis(tokens, anchors, axis=1)  # [B, A]
+    x = draft_head.block_inputs(dparams, dcfg, tparams, anchor_tok.reshape(b * a))
+    x = x.reshape(b, a * blk, -1)  # [B, A*blk, D]
+    positions = (anchors[:, :, None] + jnp.arange(blk, dtype=jnp.int32)).reshape(b, a * blk)
+    visible = block_visibility(dcfg, anchors, t)
+    for p, kc, vc in zip(dparams["layers"], ctx.k, ctx.v):
+        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+        q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
+        q = rope(q, positions, cfg.rope_theta)
+        k, v = draft_head._kv(p, cfg, h, positions)  # the block's own K/V, as at inference
+        k = jnp.concatenate([kc.transpose(0, 2, 1, 3).astype(k.dtype), k], axis=1)
+        v = jnp.concatenate([vc.transpose(0, 2, 1, 3).astype(v.dtype), v], axis=1)
+        x = x + jnp.einsum("BTNH,NHD->BTD", dense_attention(q, k, v, visible), p["o"])
+        x = x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
+    x = rms_norm(x, dparams["norm"], cfg.rms_norm_eps).reshape(b, a, blk, -1)
+    return target.lm_head(tparams, tcfg, x[:, :, 1:].reshape(b, a * (blk - 1), -1)).reshape(
+        b, a, blk - 1, -1)

@@ -1,0 +1,118 @@
+"""Self-distillation loss of the draft head.
+
+Per sequence, A anchors are drawn in the response region; the block at anchor a drafts depths
+d = 1..blk-1 and slot d is trained towards the target's own next-token distribution for
+position a + d (the target's logits at a + d - 1): forward KL(target || head), which keeps
+the target's whole distribution (better for tree drafting than hard labels). Depth d may be
+weighted by exp(-(d-1)/gamma): early depths decide most of the accepted length. With a feature
+cache (`features.py`) the teacher is the target's top-K renormalised over those K tokens, and
+the KL is sum_k p_k (log p_k - log q_k) with the head's full log-softmax q. The EAGLE
+baseline (`eagle.py`) is trained the same way on its unrolled chain of D depths.
+
+Mask token: a head either owns a learned `mask_embed` (`DraftConfig.mask_token_id=None`) or
+uses the target's embedding of a reserved id. We recommend the learned embedding for new
+heads: nothing has to be reserved or added to the target's vocabulary (SmolLM2 has no spare
+mask token), and the head can learn the input that suits it; a reserved id is only needed
+to load heads in the reference format, whose Qwen3 heads use an added `<|MASK|>` token.
+Both train the same way here.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jetspec_jax.config import ModelConfig
+from jetspec_jax.draft_head import DraftConfig
+from jetspec_jax.train.eagle import EagleConfig, eagle_logits
+from jetspec_jax.train.head_forward import (head_logits, sample_anchors, target_logits_at,
+                                            target_pass)
+
+
+def depth_weights(depth: int, gamma: float | None):
+    """[depth] weights exp(-(d-1)/gamma) for d = 1..depth (all ones when gamma is None)."""
+    if gamma is None:
+        return jnp.ones((depth,), jnp.float32)
+    return jnp.exp(-jnp.arange(depth, dtype=jnp.float32) / gamma)
+
+
+def _reduce(kl, hit, valid, gamma):
+    """Per-slot kl, hit [B, A, J]; valid [B, A, J] -> (depth-weighted mean KL, metrics)."""
+    m = valid.astype(jnp.float32)
+    w = depth_weights(kl.shape[2], gamma) * m
+    count = jnp.sum(m, axis=(0, 1))  # [J]
+    per_depth = lambda x: jnp.sum(x * m, axis=(0, 1)) / jnp.maximum(count, 1)  # noqa: E731
+    loss = jnp.sum(w * kl) / jnp.maximum(jnp.sum(w), 1e-6)
+    return loss, {"kl": per_depth(kl), "acc": per_depth(hit), "count": count}
+
+
+def distill_loss(head, teacher, valid, gamma: float | None = None):
+    """head, teacher: logits [B, A, J, V]; valid [B, A, J]. -> (weighted mean KL, metrics):
+    per-depth KL and accuracy (head argmax == target argmax) over valid slots."""
+    logp = jax.nn.log_softmax(teacher.astype(jnp.float32), axis=-1)
+    logq = jax.nn.log_softmax(head.astype(jnp.float32), axis=-1)
+    kl = jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1)  # [B, A, J]
+    hit = jnp.argmax(head, axis=-1) == jnp.argmax(teacher, axis=-1)
+    return _reduce(kl, hit, valid, gamma)
+
+
+def topk_distill_loss(head, top_logp, top_ids, valid, gamma: float | None = None):
+    """As `distill_loss` with a cached top-K teacher: top_logp, top_ids [B, A, J, K] (most
+    likely first). The teacher is renormalised over its K tokens, p_k; the head keeps its full
+    log-softmax q: KL = sum_k p_k (log p_k - log q_k); accuracy is head argmax == top-1 id."""
+    logp = jax.nn.log_softmax(top_logp.astype(jnp.float32), axis=-1)
+    logq = jax.nn.log_softmax(head.astype(jnp.float32), axis=-1)
+    logq_k = jnp.take_along_axis(logq, top_ids, axis=-1)
+    kl = jnp.sum(jnp.exp(logp) * (logp - logq_k), axis=-1)
+    hit = jnp.argmax(head, axis=-1) == top_ids[..., 0]
+    return _reduce(kl, hit, valid, gamma)
+
+
+def _anchor_slots(key, batch, num_anchors: int, depth: int):
+    """Anchors [B, A], the teacher positions of their slots pos [B, A, J] (slot d predicts
+    the token at pos + 1) and which slots are supervised, valid [B, A, J]."""
+    lengths = batch["lengths"]
+    anchors, ok = sample_anchors(key, lengths, batch["prompt_lengths"], num_anchors,
+                                 batch["tokens"].shape[1])
+    pos = anchors[:, :, None] + jnp.arange(depth, dtype=jnp.int32)  # predicts pos + 1
+    valid = ok[:, :, None] & (pos + 1 < lengths[:, None, None])
+    return anchors, pos, valid
+
+
+def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig, batch, key,
+                    num_anchors: int):
+    """The frozen target's part of a training step (no gradient flows into it), run online.
+
+    batch: {"tokens" [B, T], "lengths" [B], "prompt_lengths" [B]}. -> dict with taps
+    [B, T, k*D], anchors [B, A], teacher logits [B, A, blk-1, V] and valid [B, A, blk-1]."""
+    hidden, taps = target_pass(tparams, tcfg, batch["tokens"], dcfg.tap_layers)
+    anchors, pos, valid = _anchor_slots(key, batch, num_anchors, dcfg.depth)
+    teacher = target_logits_at(tparams, tcfg, hidden, pos)
+    return jax.lax.stop_gradient({"taps": taps, "anchors": anchors, "teacher": teacher,
+                                  "valid": valid})
+
+
+def cached_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig, batch,
+                           key, num_anchors: int):
+    """`teacher_outputs` from a feature cache (`features.py`) instead of the target: batch
+    also holds taps [B, T, k*D] and top_logp, top_ids [B, T, K]. The same key draws the same
+    anchors. -> dict with taps (in the target's dtype), anchors, valid and the top-K teacher
+    top_logp, top_ids [B, A, blk-1, K]."""
+    anchors, pos, valid = _anchor_slots(key, batch, num_anchors, dcfg.depth)
+    b, a, j = pos.shape
+    idx = jnp.clip(pos, 0, batch["tokens"].shape[1] - 1).reshape(b, a * j, 1)
+    pick = lambda x: jnp.take_along_axis(x, idx, axis=1).reshape(b, a, j, -1)  # noqa: E731
+    return jax.lax.stop_gradient({
+        "taps": batch["taps"].astype(tparams["embed"].dtype), "anchors": anchors,
+        "top_logp": pick(batch["top_logp"]), "top_ids": pick(batch["top_ids"]), "valid": valid})
+
+
+def head_loss(dparams, dcfg: DraftConfig | EagleConfig, tparams, tcfg: ModelConfig, tokens,
+              teach, gamma: float | None = None):
+    """Loss and metrics of the head (parallel block or EAGLE chain) on the anchors chosen in
+    `teacher_outputs` (full teacher logits) or `cached_teacher_outputs` (top-K)."""
+    forward = eagle_logits if isinstance(dcfg, EagleConfig) else head_logits
+    head = forward(dparams, dcfg, tparams, tcfg, teach["taps"], tokens, teach["anchors"])
+    if "teacher" in teach:
+        return distill_loss(head, teach["teacher"], teach["valid"], gamma)
+    return topk_distill_loss(head, teach["top_logp"], teach["top_ids"], teach["valid"], gamma)

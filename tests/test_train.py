@@ -1,0 +1,334 @@
+"""Draft-head training: the training forward equals inference, the loss falls, runs resume
+exactly, and the self-distillation data builder writes and resumes shards."""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import random_prompts, tiny_head, tiny_target
+from jetspec_jax import draft_head, target
+from jetspec_jax.decode import prefill
+from jetspec_jax.head_io import load_draft
+from jetspec_jax.sampling import Sampler
+from jetspec_jax.decode import ar_generate
+from jetspec_jax.params import init_params
+from jetspec_jax.draft_head import draft_specs
+from jetspec_jax.train import data as D, eagle as E
+from jetspec_jax.train.head_forward import head_logits, sample_anchors, target_pass
+from jetspec_jax.train.loss import distill_loss
+from jetspec_jax.train.trainer import TrainConfig, read_metrics, train
+
+
+class CharTokenizer:
+    """Duck-typed tokenizer: a 'chat template' of [BOS, chars...]."""
+
+    eos_token_ids = ()
+    pad_id = 0
+
+    def apply_chat_template(self, messages):
+        return [1] + [2 + ord(c) % 10 for c in messages[0]["content"]]
+
+
+DATA_KW = dict(shard_size=4, max_prompt_len=16, max_new=12, batch_size=4, sampler=Sampler(),
+               seed=0, progress=False)
+PROMPTS = [f"prompt {i} " + "ab" * (i % 4) for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_target("dense", seed=2, vocab=16)
+
+
+@pytest.fixture(scope="module")
+def dataset(tiny, tmp_path_factory):
+    tcfg, tp = tiny
+    root = tmp_path_factory.mktemp("data")
+    D.make_dataset(tp, tcfg, CharTokenizer(), PROMPTS[:8], root / "train", **DATA_KW)
+    D.make_dataset(tp, tcfg, CharTokenizer(), PROMPTS[8:], root / "heldout", **DATA_KW)
+    return root
+
+
+@pytest.mark.parametrize("kind,causal,mask_id", [
+    ("dense", True, None), ("dense", True, 3), ("dense", False, None), ("dense", False, 3),
+    ("llama", True, None)])
+def test_training_forward_equals_inference(kind, causal, mask_id):
+    """Block at anchor a in one training pass == extend_context(taps of 0..a-1, from prefill,
+    as at decode time) then draft_block(anchor=token[a]), in float32."""
+    tcfg, tp = tiny_target(kind, seed=2, vocab=16)
+    dcfg, dp = tiny_head(tcfg, causal=causal, mask_token_id=mask_id)
+    tokens = jax.random.randint(jax.random.key(5), (2, 20), 0, tcfg.vocab_size)
+    anchors = jnp.array([[3, 11, 1], [7, 14, 19]], jnp.int32)
+    t = tokens.shape[1]
+
+    @jax.jit
+    def training(tokens, anchors):
+        _, taps = target_pass(tp, tcfg, tokens, dcfg.tap_layers)
+        return head_logits(dp, dcfg, tp, tcfg, taps, tokens, anchors)  # [B, A, blk-1, V]
+
+    @jax.jit
+    def decoding(tokens, a):  # the decode-time route, batched over sequences
+        visible = jnp.arange(t) < a[:, None]
+        prefix = jnp.where(visible, tokens, 0)  # right-padded prompts of length a
+        tcache = target.allocate_cache(tcfg, 2, 32, jnp.float32)
+        _, _, ptaps = prefill(tp, tcfg, prefix, a, tcache, taps=dcfg.tap_layers)
+        dcache = draft_head.extend_context(
+            dp, dcfg, draft_head.allocate_cache(dcfg, 2, 32, jnp.float32),
+            jnp.where(visible[..., None], ptaps, 0.0), a)  # taps of positions 0..a-1 only
+        return draft_head.draft_block(dp, dcfg, tp, tcfg, dcache, tokens[jnp.arange(2), a])
+
+    got = training(tokens, anchors)
+    for j in range(anchors.shape[1]):
+        np.testing.assert_allclose(got[:, j], decoding(tokens, anchors[:, j]), atol=1e-5, rtol=0)
+
+
+def test_distill_loss_masks_and_weights():
+    teacher = jax.random.normal(jax.random.key(0), (2, 3, 4, 8))
+    loss, m = distill_loss(teacher, teacher, jnp.ones((2, 3, 4), bool))
+    assert abs(float(loss)) < 1e-6 and np.allclose(m["acc"], 1.0)
+    head = teacher.at[:, :, 2].set(0.0)  # only depth 3 is wrong ...
+    valid = jnp.ones((2, 3, 4), bool).at[:, :, 2].set(False)  # ... and masked out
+    loss, m = distill_loss(head, teacher, valid, gamma=2.0)
+    assert abs(float(loss)) < 1e-6 and np.asarray(m["count"]).tolist() == [6, 6, 0, 6]
+
+
+def test_anchors_stay_in_the_response_region():
+    lengths, prompt_lengths = jnp.array([20, 12, 9]), jnp.array([5, 9, 8])
+    anchors, valid = sample_anchors(jax.random.key(0), lengths, prompt_lengths, 4, 24)
+    for a, ok, n, p in zip(*map(np.asarray, (anchors, valid, lengths, prompt_lengths))):
+        assert ((a >= p) & (a <= n - 2))[ok].all() and len(set(a[ok])) == ok.sum()
+        assert ok.sum() == min(4, max(n - 1 - p, 0))  # all of a short region, no more
+
+
+def test_make_dataset_writes_and_resumes(tiny, dataset, tmp_path, monkeypatch):
+    tcfg, tp = tiny
+    manifest = json.loads((dataset / "train" / "manifest.json").read_text())
+    assert [s["num_seqs"] for s in manifest["shards"]] == [4, 4] and manifest["num_seqs"] == 8
+    data = D.load_shards(dataset / "train")
+    assert data["tokens"].shape == (8, 16 + 12) and data["tokens"].dtype == np.int32
+    # No stop id: every response runs to max_new; the prompt is the chat-templated text.
+    np.testing.assert_array_equal(data["lengths"] - data["prompt_lengths"], 12)
+    np.testing.assert_array_equal(data["tokens"][:, 0], 1)
+
+    # A re-run regenerates only what is missing: a deleted shard (identically) and, with more
+    # prompts, the new shard; finished shards are skipped.
+    work = tmp_path / "train"
+    shutil.copytree(dataset / "train", work)
+    (work / "shard-00001.npz").unlink()
+    real, made = D._generate, []
+    monkeypatch.setattr(D, "_generate", lambda *a, **k: made.append(len(a[2])) or real(*a, **k))
+    D.make_dataset(tp, tcfg, CharTokenizer(), PROMPTS[:8], work, **DATA_KW)
+    assert made == [4]
+    again = D.load_shards(work)
+    for k in data:
+        np.testing.assert_array_equal(again[k], data[k])
+    manifest = D.make_dataset(tp, tcfg, CharTokenizer(), PROMPTS, work, **DATA_KW)
+    assert made == [4, 2] and manifest["num_seqs"] == 10
+    with pytest.raises(D.DatasetError, match="generated with"):
+        D.make_dataset(tp, tcfg, CharTokenizer(), PROMPTS[:8], work, **{**DATA_KW, "max_new": 5})
+
+
+def test_prompt_sources_and_split(tmp_path):
+    prompts = [f"p{i}" for i in range(200)]
+    train = list(D.read_prompts(prompts, split="train", heldout_fraction=0.2))
+    held = list(D.read_prompts(prompts, split="heldout", heldout_fraction=0.2))
+    assert sorted(train + held) == sorted(prompts) and 20 < len(held) < 60
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "hi"}\n\n{"id": "x", "prompt": "yo"}\n')
+    assert list(D.read_prompts(jsonl)) == ["hi", "yo"]
+    # A ShareGPT-style array cut off mid-object yields the complete objects before the cut.
+    convs = [{"id": f"c{i}_0", "conversations": [{"from": "human", "value": f"q{i}"},
+                                                  {"from": "gpt", "value": "a"}]}
+             for i in range(3)]
+    text = json.dumps(convs, indent=2)
+    (tmp_path / "s.json").write_text(text[: text.index('"q2"')])
+    assert list(D.iter_json_array(tmp_path / "s.json", chunk_chars=7)) == convs[:2]
+    assert list(D.read_prompts(tmp_path / "s.json")) == ["q0", "q1"]
+
+
+def test_clear_errors(tiny, tmp_path):
+    tcfg, tp = tiny
+    with pytest.raises(D.DatasetError, match="empty"):
+        D.make_dataset(tp, tcfg, CharTokenizer(), [], tmp_path / "empty", **DATA_KW)
+    with pytest.raises(FileNotFoundError, match="no dataset directory"):
+        D.load_shards(tmp_path / "missing")
+    with pytest.raises(D.DatasetError, match="manifest"):
+        D.load_shards(tmp_path / "empty")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "manifest.json").write_text(json.dumps({"format": D.FORMAT, "shards": [
+        {"file": "shard-00000.npz"}]}))
+    with pytest.raises(D.DatasetError, match="listed in the manifest but missing"):
+        D.load_shards(broken)
+    with pytest.raises(FileNotFoundError, match="no prompt file"):
+        list(D.read_prompts(tmp_path / "nope.jsonl"))
+    with pytest.raises(ValueError, match="unknown head"):
+        TrainConfig(data_dir=".", out_dir=".", head="medusa")
+
+
+def train_config(dataset, out, **changes):
+    base = dict(data_dir=str(dataset / "train"), out_dir=str(out), head_layers=1, block_size=4,
+                num_taps=2, steps=30, batch_size=4, num_anchors=4, lr=3e-3, warmup_steps=3,
+                log_every=5, ckpt_every=10, eval_every=30, eval_batches=1, tau_prompts=2,
+                tau_max_new=8, tree_budget=8, tree_width=2)
+    return TrainConfig(**{**base, **changes})
+
+
+@pytest.mark.parametrize("head", ["jetspec", "dflash", "eagle"])
+def test_loss_decreases_and_head_is_saved(tiny, dataset, tmp_path, head):
+    tcfg, tp = tiny
+    cfg = train_config(dataset, tmp_path, head=head, eval_dir=str(dataset / "heldout"))
+    result = train(cfg, tp, tcfg, progress=False)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
+    assert rows[-1]["loss"] < 0.6 * rows[0]["loss"]
+    assert rows[-1]["acc"][0] > rows[0]["acc"][0]
+    assert rows[-1]["eval"]["tau"] >= 1.0 and len(rows[-1]["eval"]["kl"]) == 3
+    dcfg, dparams = (E.load_eagle if head == "eagle" else load_draft)(tmp_path / "head")
+    assert dcfg == result.dcfg
+    jax.tree.map(np.testing.assert_array_equal, dparams, result.dparams)
+
+
+def test_interrupted_run_resumes_exactly(tiny, dataset, tmp_path):
+    """Stopped at step 7 (last checkpoint at 5), then resumed: same params and log as one
+    uninterrupted run."""
+    tcfg, tp = tiny
+    whole = train(train_config(dataset, tmp_path / "a", steps=12, ckpt_every=5), tp, tcfg,
+                  progress=False)
+    cfg = train_config(dataset, tmp_path / "b", steps=12, ckpt_every=5)
+    assert train(cfg, tp, tcfg, stop_after=7, progress=False).step == 7
+    resumed = train(cfg, tp, tcfg, progress=False)
+    assert resumed.step == 12
+    jax.tree.map(np.testing.assert_array_equal, resumed.dparams, whole.dparams)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]  # noqa: E731
+    assert strip(read_metrics(tmp_path / "b" / "metrics.jsonl")) == strip(
+        read_metrics(tmp_path / "a" / "metrics.jsonl"))
+
+
+def eagle_head(tcfg, depth=4, seed=1):
+    ecfg = E.eagle_config_for(tcfg, num_taps=2, depth=depth)
+    return ecfg, init_params(E.eagle_specs(ecfg), jax.random.key(seed))
+
+
+@pytest.mark.parametrize("kind", ["dense", "llama"])
+def test_eagle_training_forward_equals_inference(kind):
+    """The unrolled training chain scores the head's own greedy inference chain (a width-1
+    tree) with the same cumulative log-probs."""
+    tcfg, tp = tiny_target(kind, seed=2, vocab=16)
+    ecfg, ep = eagle_head(tcfg)
+    d, a = ecfg.depth, 9
+    prefix = jax.random.randint(jax.random.key(3), (2, a + 1), 0, tcfg.vocab_size)  # anchor last
+
+    @jax.jit
+    def inference(prefix):  # prompt 0..a-1, then a round with the anchor at a
+        tcache = target.allocate_cache(tcfg, 2, 32, jnp.float32)
+        _, _, ptaps = prefill(tp, tcfg, prefix[:, :a], jnp.full((2,), a), tcache,
+                              taps=ecfg.tap_layers)
+        ecache = E.prompt_context(ep, ecfg, tp, ptaps, prefix[:, :a], jnp.full((2,), a), 32)
+        ecache, hid = E.extend(ep, ecfg, tp, ecache, ptaps[:, -1:], prefix[:, a:],
+                               jnp.ones((2,), jnp.int32))
+        return E.draft_tree(ep, ecfg, tp, tcfg, ecache, hid[:, 0], prefix[:, a], budget=d + 1,
+                            width=1)
+
+    @jax.jit
+    def training(tokens):
+        _, taps = target_pass(tp, tcfg, tokens, ecfg.tap_layers)
+        return E.eagle_logits(ep, ecfg, tp, tcfg, taps, tokens, jnp.full((2, 1), a))[:, 0]
+
+    tree = inference(prefix)
+    np.testing.assert_array_equal(tree.depths, np.arange(d + 1)[None].repeat(2, 0))
+    logits = training(jnp.concatenate([prefix, tree.tokens[:, 1:]], axis=1))  # + the chain
+    chosen = jnp.take_along_axis(jax.nn.log_softmax(logits), tree.tokens[:, 1:, None], -1)
+    np.testing.assert_allclose(jnp.cumsum(chosen[..., 0], -1), tree.scores[:, 1:], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,budget,width", [("dense", 16, 3), ("llama", 40, 4)])
+def test_eagle_greedy_speculative_equals_autoregressive(kind, budget, width):
+    tcfg, tp = tiny_target(kind, seed=3, vocab=6)
+    ecfg, ep = eagle_head(tcfg)
+    prompt, lens = random_prompts(np.random.default_rng(0), 3, 6, tcfg.vocab_size)
+    kw = dict(max_new=20, sampler=Sampler(), stop_ids=(4,), num_slots=96)
+    ar = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, **kw)
+    out, stats = E.eagle_generate(tp, ep, prompt, lens, jax.random.key(0), tcfg=tcfg, ecfg=ecfg,
+                                  budget=budget, width=width, **kw)
+    np.testing.assert_array_equal(ar.num_tokens, out.num_tokens)
+    for b, n in enumerate(np.asarray(ar.num_tokens)):
+        np.testing.assert_array_equal(ar.tokens[b, :n], out.tokens[b, :n])
+    assert np.asarray(stats.accepted).max() >= min(budget, 2)  # multi-token rounds happen
+
+
+def test_cached_features_match_online(tiny, dataset, tmp_path, monkeypatch):
+    """float32 cache == the online target pass (taps, top-K); with K = V the cached-teacher
+    loss equals the online one; a re-run skips finished shards; mismatches are refused."""
+    from jetspec_jax.train import features as F
+    from jetspec_jax.train.loss import cached_teacher_outputs, head_loss, teacher_outputs
+
+    tcfg, tp = tiny
+    dcfg = train_config(dataset, tmp_path).draft_config(tcfg)
+    out = tmp_path / "feat"
+    kw = dict(tap_layers=dcfg.tap_layers, top_k=tcfg.vocab_size, batch_size=3,
+              dtype=np.float32, bucket=8, progress=False)
+    F.cache_features(tp, tcfg, dataset / "train", out, **kw)
+    feats = F.load_features(out, tcfg, dcfg.tap_layers, data_dir=dataset / "train")
+    data = D.load_shards(dataset / "train")
+    for k in data:
+        np.testing.assert_array_equal(feats[k], data[k])
+    hidden, taps = target_pass(tp, tcfg, jnp.asarray(data["tokens"]), dcfg.tap_layers)
+    logp = np.asarray(jax.nn.log_softmax(target.lm_head(tp, tcfg, hidden)))
+    for b, n in enumerate(data["lengths"]):
+        np.testing.assert_allclose(feats["taps"][b, :n], taps[b, :n], atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(feats["top_ids"][b, :n, 0], logp[b, :n].argmax(-1))
+        np.testing.assert_allclose(feats["top_logp"][b, :n],
+                                   -np.sort(-logp[b, :n], axis=-1), atol=1e-5)
+        assert not feats["taps"][b, n:].any()
+
+    dp = init_params(draft_specs(dcfg), jax.random.key(0))
+    batch = {k: jnp.asarray(v[:4]) for k, v in feats.items()}
+    online = teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
+    cached = cached_teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
+    np.testing.assert_array_equal(online["anchors"], cached["anchors"])
+    (l1, m1), (l2, m2) = (head_loss(dp, dcfg, tp, tcfg, batch["tokens"], t)
+                          for t in (online, cached))
+    np.testing.assert_allclose(l1, l2, rtol=1e-5)
+    np.testing.assert_allclose(m1["acc"], m2["acc"])
+
+    made = []
+    real = F._cache_shard
+    monkeypatch.setattr(F, "_cache_shard", lambda *a, **k: made.append(a[1].name) or real(*a, **k))
+    F.cache_features(tp, tcfg, dataset / "train", out, **kw)
+    assert made == []
+    shutil.rmtree(out / "shard-00001")
+    F.cache_features(tp, tcfg, dataset / "train", out, **kw)
+    assert made == ["shard-00001.npz"]
+    again = F.load_features(out, tcfg, dcfg.tap_layers)
+    for k in feats:
+        np.testing.assert_array_equal(again[k], feats[k])
+    with pytest.raises(F.FeatureCacheError, match="caches features"):
+        F.cache_features(tp, tcfg, dataset / "train", out, **{**kw, "top_k": 4})
+    with pytest.raises(F.FeatureCacheError, match="tap_layers"):
+        F.load_features(out, tcfg, (0,))
+    with pytest.raises(F.FeatureCacheError, match="does not match"):
+        F.load_features(out, tcfg, dcfg.tap_layers, data_dir=dataset / "heldout")
+
+
+def test_cached_teacher_training(tiny, dataset, tmp_path, monkeypatch):
+    """With feature_dir the steps never run the target, and the loss still falls."""
+    from jetspec_jax.train import features as F, loss as L
+
+    tcfg, tp = tiny
+    cfg = train_config(dataset, tmp_path / "run", eval_dir=str(dataset / "heldout"),
+                       feature_dir=str(tmp_path / "f-train"),
+                       eval_feature_dir=str(tmp_path / "f-held"))
+    taps = cfg.draft_config(tcfg).tap_layers
+    for src, dst in (("train", "f-train"), ("heldout", "f-held")):
+        F.cache_features(tp, tcfg, dataset / src, tmp_path / dst, tap_layers=taps, top_k=8,
+                         progress=False)
+    monkeypatch.setattr(L, "target_pass", None)  # any online teacher pass would fail
+    train(cfg, tp, tcfg, progress=False)
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert rows[-1]["loss"] < 0.6 * rows[0]["loss"]
+    assert rows[-1]["acc"][0] > rows[0]["acc"][0]
+    assert rows[-1]["eval"]["tau"] >= 1.0 and rows[-1]["eval"]["kl"][0] < rows[0]["kl"][0]
