@@ -5,8 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-}
 if [ -z "$PY" ]; then
-  for cand in python3.12 "$HOME/.pyenv/versions/3.12.1/bin/python3.12"; do
-    if command -v "$cand" >/dev/null 2>&1; then PY=$cand; break; fi
+  # pyenv shims exist even when their version is not selected, so try each one for real.
+  for cand in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 python3; do
+    if "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
+      PY=$cand; break
+    fi
   done
 fi
 [ -n "$PY" ] || { echo "setup: Python 3.12 not found (set PYTHON=/path/to/python3.12)" >&2; exit 1; }
