@@ -298,3 +298,27 @@ def test_bad_gpu_only_attn_impl_on_cpu(capsys, impl):
     err = cli_error(capsys, "generate", "--attn-impl", impl)
     assert (f"attention impl {impl!r} needs a GPU; this machine has only CPU devices; "
             "use --attn-impl reference") in err
+
+
+def test_cli_train_data_then_train_draft_then_generate(tiny, capsys, tmp_path):
+    """The training verbs end to end: data from the target, a head trained on it (and resumed
+    by a rerun), then speculative decoding with that head."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "w{i} w{i + 1} w{i + 2}"}}\n' for i in range(3, 15)))
+    data = tmp_path / "data"
+    code, out, _ = run_cli(capsys, "train-data", "--model", tiny.target, "--prompts", prompts,
+                           "--split", "train", "--out", data, "--max-seqs", 12,
+                           "--max-prompt-len", 16, "--max-new-tokens", 10, "--shard-size", 8,
+                           "--batch-size", 4)
+    assert code == 0 and "sequences" in out and (data / "manifest.json").exists()
+    run = tmp_path / "run"
+    train = ("train-draft", "--model", tiny.target, "--data", data, "--out", run, "--steps", 6,
+             "--head-layers", 1, "--block-size", 4, "--num-taps", 2, "--batch-size", 2,
+             "--num-anchors", 2, "--ckpt-every", 3, "--eval-every", 100)
+    code, out, _ = run_cli(capsys, *train)
+    assert code == 0 and "trained 6 steps" in out and (run / "head").is_dir()
+    code, out, _ = run_cli(capsys, *train)  # already finished: resumes at step 6, no work
+    assert code == 0 and "trained 6 steps" in out
+    code, out, _ = run_cli(capsys, "generate", "--model", tiny.target, "--draft", run / "head",
+                           "--prompt", "w3 w4", "--max-new-tokens", 8, "--budget", 4, "--compare")
+    assert code == 0 and "identical: yes" in out
