@@ -115,7 +115,8 @@ def allocate_cache(dcfg: DraftConfig, batch: int, num_slots: int, dtype) -> KVCa
     return KVCache.allocate(c.num_layers, batch, c.num_kv_heads, num_slots, c.head_dim, dtype)
 
 
-def _kv(p, cfg: ModelConfig, x, positions):
+def key_value(p, cfg: ModelConfig, x, positions):
+    """A draft layer's K (k_norm, RoPE) and V for inputs x [B, T, D] at positions [B, T]."""
     k = rms_norm(jnp.einsum("BTD,DKH->BTKH", x, p["k"]), p["k_norm"], cfg.rms_norm_eps)
     v = jnp.einsum("BTD,DKH->BTKH", x, p["v"])
     return rope(k, positions, cfg.rope_theta), v
@@ -129,7 +130,7 @@ def extend_context(dparams, dcfg: DraftConfig, cache: KVCache, taps, num_new) ->
     positions = cache.lengths[:, None] + jnp.arange(taps.shape[1], dtype=jnp.int32)
     new_k, new_v = [], []
     for p, kc, vc in zip(dparams["layers"], cache.k, cache.v):
-        k, v = _kv(p, cfg, ctx, positions)
+        k, v = key_value(p, cfg, ctx, positions)
         new_k.append(write_slots(kc, k, cache.lengths))
         new_v.append(write_slots(vc, v, cache.lengths))
     return KVCache(k=new_k, v=new_v, lengths=cache.lengths + num_new.astype(jnp.int32))
@@ -170,7 +171,7 @@ def draft_block(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: K
         h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
         q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
         q = rope(q, positions, cfg.rope_theta)
-        k, v = _kv(p, cfg, h, positions)
+        k, v = key_value(p, cfg, h, positions)
         kc, vc = write_slots(kc, k, start), write_slots(vc, v, start)
         attn = cache_attention(q, kc, vc, start, mask, impl=attn_impl)
         x = x + jnp.einsum("BTNH,NHD->BTD", attn, p["o"])

@@ -140,11 +140,11 @@ def _grow(root_token, topk_logprobs, topk_tokens, caps, *, budget: int) -> Draft
         depths=depths[:n],
         scores=scores[:n],
         valid=jnp.arange(n) < num,
-        ancestors=_ancestors(parents, depth),
+        ancestors=ancestor_matrix(parents, depth),
     )
 
 
-def _ancestors(parents, max_depth: int) -> jax.Array:
+def ancestor_matrix(parents, max_depth: int) -> jax.Array:
     """parents [N] -> [N, N] bool ancestor-or-self matrix by pointer doubling.
 
     After k rounds anc[n] holds the ancestors at distance < 2**k and jump[n] the one at distance

@@ -37,7 +37,7 @@ from jetspec_jax.params import ParamSpec, check_params, layer_specs
 from jetspec_jax.sampling import Sampler, choose_tokens
 from jetspec_jax.speculative import SpecStats
 from jetspec_jax.train.head_forward import dense_attention
-from jetspec_jax.tree import DraftTree, _ancestors
+from jetspec_jax.tree import DraftTree, ancestor_matrix
 from jetspec_jax.verify import accept, commit, verify_tree
 from pallas_kernels.tree_attention import cache_attention
 
@@ -109,7 +109,7 @@ def _step(eparams, ecfg: EagleConfig, tparams, feats, tokens, positions, attend)
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
     q = rope(q, positions, cfg.rope_theta)
-    k, v = draft_head._kv(p, cfg, h, positions)
+    k, v = draft_head.key_value(p, cfg, h, positions)
     out, aux = attend(q, k, v)
     x = x + jnp.einsum("BTNH,NHD->BTD", out, p["o"])
     return x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)), aux
@@ -251,7 +251,7 @@ def _select(tokens, parents, depths, scores, *, budget: int, max_depth: int) -> 
                      depths=pick(depths).astype(jnp.int32),
                      scores=pick(scores).astype(jnp.float32),
                      valid=jnp.ones(sel.shape, bool),
-                     ancestors=jax.vmap(lambda x: _ancestors(x, max_depth))(par))
+                     ancestors=jax.vmap(lambda x: ancestor_matrix(x, max_depth))(par))
 
 
 @flax.struct.dataclass

@@ -97,7 +97,7 @@ def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, to
         h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
         q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
         q = rope(q, positions, cfg.rope_theta)
-        k, v = draft_head._kv(p, cfg, h, positions)  # the block's own K/V, as at inference
+        k, v = draft_head.key_value(p, cfg, h, positions)  # the block's own K/V, as at inference
         k = jnp.concatenate([kc.transpose(0, 2, 1, 3).astype(k.dtype), k], axis=1)
         v = jnp.concatenate([vc.transpose(0, 2, 1, 3).astype(v.dtype), v], axis=1)
         x = x + jnp.einsum("BTNH,NHD->BTD", dense_attention(q, k, v, visible), p["o"])
