@@ -33,7 +33,7 @@ from jetspec_jax.config import ModelConfig
 from jetspec_jax.decode import ar_generate, check_capacity
 from jetspec_jax.draft_head import DraftConfig
 from jetspec_jax.sampling import Sampler
-from jetspec_jax.speculative import TreeSpec, spec_generate
+from jetspec_jax.speculative import TreeSpec, spec_generate, working_slots
 from jetspec_jax.tokenizer import Tokenizer, TokenizerError
 from pallas_kernels.tree_attention.api import IMPLEMENTATIONS
 
@@ -415,7 +415,7 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
     if stop_ids is None:
         stop_ids = (target.tokenizer and target.tokenizer.eos_token_ids) or target.cfg.eos_token_ids
     spec = opts.tree_spec
-    extra = 1 if draft is None else max(spec.budget, draft.dcfg.block_size) + draft.dcfg.block_size
+    extra = 1 if draft is None else working_slots(spec.budget, draft.dcfg.block_size)
     batch = make_batch(target, ids, max_new_tokens, extra)
     static = dict(max_new=max_new_tokens, sampler=opts.sampler,
                   stop_ids=tuple(int(s) for s in stop_ids), num_slots=batch.num_slots,

@@ -10,7 +10,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import draft_head
+from jetspec_jax import draft_head, target
 from jetspec_jax.cache import KVCache
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.decode import Output, check_capacity, prefill
@@ -37,6 +37,12 @@ class TreeSpec:
             raise ValueError(f"tree width must be >= 1, got {self.width}")
         if self.method not in METHODS:
             raise ValueError(f"unknown tree method {self.method!r}; choose from {METHODS}")
+
+
+def working_slots(budget: int, block_size: int) -> int:
+    """Cache slots a speculative run needs beyond prompt + max_new: the tree is written after
+    the committed tokens each round, and the last round may overshoot max_new by a block."""
+    return max(budget, block_size) + block_size
 
 
 @flax.struct.dataclass
@@ -93,8 +99,7 @@ def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, p
     context is filled with the prompts' taps."""
     b = prompt.shape[0]
     blk = dcfg.block_size
-    cache = KVCache.allocate(tcfg.num_layers, b, tcfg.num_kv_heads, num_slots, tcfg.head_dim,
-                             cache_dtype)
+    cache = target.allocate_cache(tcfg, b, num_slots, cache_dtype)
     logits, cache, prompt_taps = prefill(tparams, tcfg, prompt, prompt_lens, cache,
                                          taps=dcfg.tap_layers, attn_impl=attn_impl)
     key, sub = jax.random.split(key)
@@ -121,8 +126,8 @@ def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConf
                   cache_dtype=jnp.float32) -> tuple[Output, SpecStats]:
     """Speculative decoding of a right-padded batch; same outputs as `ar_generate` (greedy:
     token for token; sampling: in distribution)."""
-    check_capacity(prompt.shape[1], max_new, max(tree_spec.budget, dcfg.block_size)
-                   + dcfg.block_size, tcfg.max_position_embeddings, num_slots)
+    check_capacity(prompt.shape[1], max_new, working_slots(tree_spec.budget, dcfg.block_size),
+                   tcfg.max_position_embeddings, num_slots)
     state = init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, max_new=max_new,
                        sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,
                        attn_impl=attn_impl, cache_dtype=cache_dtype)

@@ -38,7 +38,7 @@ from jetspec_jax.draft_head import DraftConfig, draft_config_for, draft_specs
 from jetspec_jax.head_io import save_draft
 from jetspec_jax.params import init_params
 from jetspec_jax.sampling import Sampler
-from jetspec_jax.speculative import TreeSpec, spec_generate
+from jetspec_jax.speculative import TreeSpec, spec_generate, working_slots
 from jetspec_jax.train import eagle
 from jetspec_jax.train.checkpoints import restore_state, save_state, state_dirs
 from jetspec_jax.train.data import DatasetError, load_shards
@@ -204,7 +204,7 @@ def mean_accepted_length(cfg: TrainConfig, tcfg, dcfg, dparams, tparams, data) -
     idx = np.arange(cfg.tau_prompts) % len(data["lengths"])
     plens = data["prompt_lengths"][idx]
     prompt, plens = jnp.asarray(data["tokens"][idx, :plens.max()]), jnp.asarray(plens)
-    slots = int(plens.max()) + cfg.tau_max_new + cfg.tree_budget + 2 * cfg.block_size
+    slots = int(plens.max()) + cfg.tau_max_new + working_slots(cfg.tree_budget, cfg.block_size)
     kw = dict(max_new=cfg.tau_max_new, sampler=Sampler(), stop_ids=tuple(tcfg.eos_token_ids),
               num_slots=slots)
     if cfg.head == "eagle":
