@@ -6,6 +6,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+# Logical axes (see `params.ParamSpec`) of each layer's K or V and of lengths, for sharding.
+KV_AXES = ("batch", "kv_heads", "cache_slots", "head_dim")  # [B, K, S, H]
+LENGTHS_AXES = ("batch",)  # [B]
+
 
 @flax.struct.dataclass
 class KVCache:

@@ -12,6 +12,7 @@ from jetspec_jax import target
 from jetspec_jax.cache import KVCache
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.sampling import Sampler, choose_tokens
+from jetspec_jax.sharding import constrain_state
 
 
 def prefill(params, cfg: ModelConfig, prompt, prompt_lens, cache: KVCache, *,
@@ -25,7 +26,7 @@ def prefill(params, cfg: ModelConfig, prompt, prompt_lens, cache: KVCache, *,
         taps=taps, attn_impl=attn_impl)
     last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)  # [B, 1, D]
     logits = target.lm_head(params, cfg, last)[:, 0]
-    return logits, cache.replace(lengths=prompt_lens.astype(jnp.int32)), tapped
+    return logits, constrain_state(cache.replace(lengths=prompt_lens.astype(jnp.int32))), tapped
 
 
 @flax.struct.dataclass
@@ -113,4 +114,4 @@ def decode_step(params, cfg: ModelConfig, cache: KVCache, last, key, sampler: Sa
     hidden, cache, _ = target.forward(params, cfg, last[:, None], pos[:, None], cache, pos,
                                       attn_impl=attn_impl)
     nxt = choose_tokens(key, target.lm_head(params, cfg, hidden)[:, 0], sampler)
-    return nxt, cache.replace(lengths=jnp.where(done, pos, pos + 1))
+    return nxt, constrain_state(cache.replace(lengths=jnp.where(done, pos, pos + 1)))

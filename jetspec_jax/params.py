@@ -56,7 +56,8 @@ def mlp_specs(cfg: ModelConfig, moe: bool) -> dict[str, ParamSpec]:
     if moe:
         e, f = cfg.num_experts, cfg.moe_intermediate_size
         return {
-            "router": _w((d, e), ("embed", None), d),
+            # Not "experts": top-k needs every expert's logit, so the router stays replicated.
+            "router": _w((d, e), ("embed", "router_experts"), d),
             "gate": _w((e, d, f), ("experts", "embed", "mlp"), d),
             "up": _w((e, d, f), ("experts", "embed", "mlp"), d),
             "down": _w((e, f, d), ("experts", "mlp", "embed"), f),

@@ -1,0 +1,291 @@
+"""Tensor / expert parallel decoding against one device (issue 9): greedy autoregressive and
+speculative decoding of random bf16 targets of the real Qwen3-8B and Qwen3-30B-A3B shapes
+(and a reference-sized random head: 5 layers, block 16, 5 taps) on a mesh of all devices and
+on one device. The tokens must be equal; the table gives time per step / per round.
+
+  python bench/bench_sharded.py                  # every device: --mesh tp=<devices>
+  python bench/bench_sharded.py --out r.json     # JSON to r.json (default $OUT/bench_sharded.json)
+  XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu \
+    python bench/bench_sharded.py --model tiny-dense tiny-moe --mesh tp=2,ep=2 --context 64 \
+    --batches 1 2 --budgets 8 16       # the CPU check with fake devices
+
+Weights are made leaf by leaf directly in their shards (threefry is partitionable, so the
+mesh and the single device get the same values). In place of a prefill the caches hold random
+K/V for `--context` tokens (speed does not depend on their values; both runs start from the
+same state), so no prefill is compiled. Each program is compiled once, several at a time;
+time per step = (t(long run) - t(short run)) / extra steps, median of `--repeats`. Attention
+is XLA's (`--attn-impl reference`): GSPMD splits it by head, not the Pallas kernels' custom
+calls. `--time-budget-s` skips what is left once spent, and the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import functools
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jetspec_jax import config, draft_head, params as P, sharding  # noqa: E402
+from jetspec_jax.cache import KVCache  # noqa: E402
+from jetspec_jax.decode import decode_step  # noqa: E402
+from jetspec_jax.params import is_spec  # noqa: E402
+from jetspec_jax.sampling import Sampler  # noqa: E402
+from jetspec_jax.speculative import (TreeSpec, init_state, speculative_round,  # noqa: E402
+                                     working_slots)
+
+GREEDY = Sampler()
+BLOCK = 16
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "ones", "where", "dtype"))
+def random_leaf(key, shape, ones, where, dtype):
+    x = jnp.ones(shape, dtype) if ones else (
+        0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+    return jax.lax.with_sharding_constraint(x, where)
+
+
+def random_params(specs, mesh, dtype):
+    """Random weights, each leaf generated in its shards (one small program per shape)."""
+    leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
+    shardings = jax.tree.leaves(sharding.param_shardings(specs, mesh))
+    keys = jax.random.split(jax.random.key(0), len(leaves))
+    return jax.tree.unflatten(treedef, [random_leaf(k, s.shape, s.init == "ones", w, dtype)
+                                        for s, k, w in zip(leaves, keys, shardings)])
+
+
+def abstract(tree, shardings):
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        tree, shardings)
+
+
+def synthetic_state(layout, context, vocab, key):
+    """`init_state`'s structure (layout: its eval_shape) with random K/V for `context` tokens
+    in both caches, a random anchor and an empty output."""
+    zeros = lambda t: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), t)  # noqa: E731
+    k_target, k_draft, k_anchor = jax.random.split(key, 3)
+
+    def filled(cache, key):
+        arrays = cache.k + cache.v
+        kv = [(0.5 * jax.random.normal(k, a.shape, jnp.float32)).astype(a.dtype)
+              for k, a in zip(jax.random.split(key, len(arrays)), arrays)]
+        n = len(cache.k)
+        return KVCache(k=kv[:n], v=kv[n:], lengths=jnp.full(cache.lengths.shape, context,
+                                                           jnp.int32))
+
+    return layout.replace(
+        cache=filled(layout.cache, k_target), draft_cache=filled(layout.draft_cache, k_draft),
+        anchor=jax.random.randint(k_anchor, layout.anchor.shape, 0, vocab, jnp.int32),
+        pending_taps=zeros(layout.pending_taps), pending_count=zeros(layout.pending_count),
+        out=zeros(layout.out), stats=zeros(layout.stats), key=key)
+
+
+def programs(cfg, dcfg, mesh, args):
+    """Lowers every program of one mesh (in its context): per batch a state maker, the AR loop
+    and one speculative loop per budget. -> {name: lowered}."""
+    max_new = max(args.rounds) * BLOCK + BLOCK
+    slots = args.context + max_new + working_slots(max(args.budgets), BLOCK)
+    tsh = sharding.param_shardings(P.target_specs(cfg), mesh)
+    dsh = sharding.param_shardings(draft_head.draft_specs(dcfg), mesh)
+    tabs = abstract(P.abstract_params(P.target_specs(cfg), args.dtype), tsh)
+    dabs = abstract(P.abstract_params(draft_head.draft_specs(dcfg), args.dtype), dsh)
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    n_abs = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
+    key_abs = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+    out = {}
+    with sharding.use(mesh):
+        for b in args.batches:
+            layout = jax.eval_shape(lambda tp, dp: init_state(
+                tp, cfg, dp, dcfg, jnp.zeros((b, 1), jnp.int32), jnp.ones((b,), jnp.int32),
+                jax.random.key(0), max_new=max_new, sampler=GREEDY, stop_ids=(),
+                num_slots=slots, attn_impl=args.attn_impl, cache_dtype=args.dtype), tabs, dabs)
+            ssh = sharding.state_shardings(layout, mesh)
+            sabs = abstract(layout, ssh)
+            make = jax.jit(functools.partial(synthetic_state, layout, args.context,
+                                             cfg.vocab_size), out_shardings=ssh)
+            out[("state", b)] = make.lower(key_abs)
+            out[("ar", b)] = jax.jit(functools.partial(
+                ar_loop, cfg=cfg, steps=max(args.ar_steps), attn_impl=args.attn_impl)).lower(
+                tabs, sabs, n_abs)
+            for budget in args.budgets:
+                out[("spec", b, budget)] = jax.jit(functools.partial(
+                    spec_loop, cfg=cfg, dcfg=dcfg, budget=budget, max_new=max_new,
+                    attn_impl=args.attn_impl)).lower(tabs, dabs, sabs, n_abs)
+    return out
+
+
+def ar_loop(tparams, state, n, *, cfg, steps, attn_impl):
+    """n greedy decode steps from the state's cache and anchor -> tokens [B, steps]."""
+    b = state.anchor.shape[0]
+    done = jnp.zeros((b,), bool)
+
+    def body(i, carry):
+        cache, last, tokens = carry
+        nxt, cache = decode_step(tparams, cfg, cache, last, jax.random.key(0), GREEDY, done,
+                                 attn_impl)
+        return cache, nxt, tokens.at[:, i].set(nxt)
+
+    carry = (state.cache, state.anchor, jnp.zeros((b, steps), jnp.int32))
+    return jax.lax.fori_loop(0, n, body, carry)[2]
+
+
+def spec_loop(tparams, dparams, state, n, *, cfg, dcfg, budget, max_new, attn_impl):
+    """n speculative rounds -> (tokens [B, M], num_tokens [B])."""
+    round_fn = functools.partial(speculative_round, tparams, cfg, dparams, dcfg,
+                                 tree_spec=TreeSpec(budget, 7), sampler=GREEDY, stop_ids=(),
+                                 max_new=max_new, attn_impl=attn_impl)
+    state = jax.lax.fori_loop(0, n, lambda i, s: sharding.constrain_state(round_fn(s)), state)
+    return state.out.tokens, state.out.num_tokens
+
+
+def per_step(fn, counts, repeats):
+    """-> (seconds per extra step, outputs of the long run)."""
+    short, long = counts
+
+    def run(n):
+        t = time.perf_counter()
+        out = jax.block_until_ready(fn(np.int32(n)))
+        return time.perf_counter() - t, out
+
+    run(short)  # warm-up
+    ts, tl = [], []
+    for _ in range(repeats):
+        ts.append(run(short)[0])
+        t, out = run(long)
+        tl.append(t)
+    return (statistics.median(tl) - statistics.median(ts)) / (long - short), out
+
+
+def run_mesh(cfg, dcfg, mesh, args, deadline):
+    """Compiles and times everything on one mesh -> {cell: (ms, tokens)}; cells past the
+    deadline are left out."""
+    t0 = time.perf_counter()
+    lowered = programs(cfg, dcfg, mesh, args)
+    with concurrent.futures.ThreadPoolExecutor(args.compile_threads) as pool:
+        compiled = dict(zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())))
+    compile_s = time.perf_counter() - t0
+    tparams = random_params(P.target_specs(cfg), mesh, args.dtype)
+    dparams = random_params(draft_head.draft_specs(dcfg), mesh, args.dtype)
+    results = {}
+    for b in args.batches:
+        state = compiled[("state", b)](sharding.replicate(jax.random.key(1), mesh))
+        cells = [("ar", b)] + [("spec", b, budget) for budget in args.budgets]
+        for cell in cells:
+            if time.perf_counter() > deadline:
+                break
+            if cell[0] == "ar":
+                fn = functools.partial(compiled[cell], tparams, state)
+                sec, tokens = per_step(fn, args.ar_steps, args.repeats)
+                results[cell] = (sec * 1e3, np.asarray(tokens))
+            else:
+                fn = functools.partial(compiled[cell], tparams, dparams, state)
+                sec, (tokens, num) = per_step(fn, args.rounds, args.repeats)
+                num = np.asarray(num)
+                results[cell] = (sec * 1e3, np.asarray(tokens), num)
+        del state
+    del tparams, dparams
+    gc.collect()
+    return results, compile_s
+
+
+def compare(model, mesh_res, one_res, args):
+    rows = []
+    for cell, (ms, *out) in mesh_res.items():
+        one = one_res.get(cell)
+        row = {"model": model, "mode": cell[0], "batch": cell[1],
+               "budget": cell[2] if cell[0] == "spec" else None, "mesh_ms": ms,
+               "one_ms": one and one[0], "tokens_equal": None if one is None else bool(
+                   all(np.array_equal(x, y) for x, y in zip(out, one[1:])))}
+        if cell[0] == "spec":
+            ar = mesh_res.get(("ar", cell[1]))
+            tokens, num = out
+            row["tokens_per_round"] = float(num.mean()) / max(args.rounds)
+            if ar is not None:  # lossless: the first tokens equal greedy AR's, same devices
+                k = min(ar[1].shape[1], int(num.min()))
+                row["equals_ar"] = bool(np.array_equal(tokens[:, :k], ar[1][:, :k]))
+        rows.append(row)
+    return rows
+
+
+def table(rows, mesh_spec) -> str:
+    lines = [f"| model | batch | mode | budget | {mesh_spec} ms | 1 device ms | speedup | "
+             "tokens equal | spec == AR |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        one = "skipped" if r["one_ms"] is None else f"{r['one_ms']:.2f}"
+        speed = "" if r["one_ms"] is None else f"{r['one_ms'] / r['mesh_ms']:.2f}x"
+        same = {None: "n/a", True: "yes", False: "NO"}[r["tokens_equal"]]
+        ar = {None: "", True: "yes", False: "no"}[r.get("equals_ar")]
+        unit = "step" if r["mode"] == "ar" else "round"
+        lines.append(f"| {r['model']} | {r['batch']} | {r['mode']} per {unit} | "
+                     f"{r['budget'] or ''} | {r['mesh_ms']:.2f} | {one} | {speed} | {same} | "
+                     f"{ar} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", nargs="+", default=["qwen3-8b", "qwen3-30b-a3b"],
+                    help="preset names (tiny-dense / tiny-moe for a CPU check)")
+    ap.add_argument("--mesh", default=None, help="mesh spec (default: tp=<device count>)")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[16, 64, 256])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--context", type=int, default=1024, help="tokens already in the cache")
+    ap.add_argument("--ar-steps", type=int, nargs=2, default=[4, 36], metavar=("SHORT", "LONG"))
+    ap.add_argument("--rounds", type=int, nargs=2, default=[1, 5], metavar=("SHORT", "LONG"))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--attn-impl", default="reference")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="weights and caches; float32 makes the token comparison exact (a "
+                    "different summation order can flip bf16 near-ties)")
+    ap.add_argument("--compile-threads", type=int, default=8)
+    ap.add_argument("--time-budget-s", type=float, default=330.0)
+    ap.add_argument("--out", default=os.path.join(os.environ["OUT"], "bench_sharded.json")
+                    if os.environ.get("OUT") else None)
+    args = ap.parse_args()
+    args.dtype = jnp.dtype(args.dtype)
+    spec = args.mesh or f"tp={jax.device_count()}"
+    meshes = {"mesh": sharding.make_mesh(spec), "one": sharding.make_mesh("1")}
+    deadline = time.perf_counter() + args.time_budget_s
+    result = {"device": jax.devices()[0].device_kind, "devices": jax.device_count(),
+              "mesh": spec, "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+              "args": {**vars(args), "dtype": args.dtype.name}, "compile_s": {}, "rows": []}
+    last_phase_s = 0.0
+    for model in args.model:
+        cfg = config.preset(model)
+        dcfg = draft_head.draft_config_for(cfg, num_layers=5, block_size=BLOCK, num_taps=5)
+        res = {}
+        for name, mesh in meshes.items():
+            if deadline - time.perf_counter() < last_phase_s:  # would not finish: skip it
+                print(f"time budget: {model} on {name} skipped", flush=True)
+                res[name] = {}
+                continue
+            start = time.perf_counter()
+            notes = sharding.replicated_dims(P.target_specs(cfg), mesh.shape)
+            print(f"{model} on {name} {dict(mesh.shape)}", *notes, sep="; ", flush=True)
+            res[name], result["compile_s"][f"{model}/{name}"] = run_mesh(cfg, dcfg, mesh, args,
+                                                                         deadline)
+            last_phase_s = time.perf_counter() - start
+        result["rows"] += compare(model, res["mesh"], res["one"], args)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+    print(table(result["rows"], spec))
+    print("compile s (all programs of a model on a mesh, in parallel):",
+          {k: round(v, 1) for k, v in result["compile_s"].items()})
+    if args.out:
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
