@@ -1,5 +1,9 @@
 """The speculative loop: prefill, then rounds of draft -> tree -> verify -> accept -> commit,
-all inside one jitted `lax.while_loop` with no host round trip."""
+all inside one jitted `lax.while_loop` with no host round trip.
+
+Two drafting variants hook in here (docs/drafting_variants.md): `TreeSpec.draft_mode="path"`
+refines each round's tree with a path-conditioned head pass (`path_draft.py`), and
+`TreeSpec.buckets` picks each round's tree size on device (`adaptive.py`)."""
 
 from __future__ import annotations
 
@@ -10,25 +14,35 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import draft_head, target
+from jetspec_jax import adaptive, draft_head, path_draft, target
 from jetspec_jax.cache import KVCache
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.decode import Output, check_capacity, prefill
 from jetspec_jax.draft_head import DraftConfig
 from jetspec_jax.sampling import Sampler, choose_tokens
+from jetspec_jax.sharding import constrain_state
 from jetspec_jax.tree import METHODS, build_trees, topk_from_logits
 from jetspec_jax.verify import accept, commit, verify_tree
 
 MAX_BUDGET = 1024
+DRAFT_MODES = ("per_depth", "path")
 
 
 @dataclasses.dataclass(frozen=True)
 class TreeSpec:
-    """How each round's tree is drafted: `budget` nodes (root included), fan-out `width`."""
+    """How each round's tree is drafted: `budget` nodes (root included), fan-out `width`.
+
+    draft_mode: "per_depth" (the tree from the first pass's per-depth marginals) or "path"
+    (then re-grown from a path-conditioned pass, `path_draft.py`). buckets / bucket_costs:
+    adaptive budget (`adaptive.py`): each round picks one of these tree sizes, costs in seconds
+    per round; budget must then be the largest bucket (`adaptive.auto_tree_spec` builds it)."""
 
     budget: int = 64
     width: int = 7
     method: str = "accum_logp"
+    draft_mode: str = "per_depth"
+    buckets: tuple[int, ...] = ()
+    bucket_costs: tuple[float, ...] = ()
 
     def __post_init__(self):
         if not 1 <= self.budget <= MAX_BUDGET:
@@ -37,18 +51,30 @@ class TreeSpec:
             raise ValueError(f"tree width must be >= 1, got {self.width}")
         if self.method not in METHODS:
             raise ValueError(f"unknown tree method {self.method!r}; choose from {METHODS}")
+        if self.draft_mode not in DRAFT_MODES:
+            raise ValueError(f"unknown draft mode {self.draft_mode!r}; choose from {DRAFT_MODES}")
+        if self.buckets or self.bucket_costs:
+            b, c = self.buckets, self.bucket_costs
+            if len(b) != len(c) or list(b) != sorted(set(b)) or b[0] < 1 or b[-1] != self.budget:
+                raise ValueError(f"buckets must be increasing sizes >= 1 ending at budget "
+                                 f"{self.budget}, one cost each; got {b} and costs {c}")
+            if not all(x > 0 for x in c):
+                raise ValueError(f"bucket costs must be > 0 seconds, got {c}")
 
 
-def working_slots(budget: int, block_size: int) -> int:
+def working_slots(budget: int, block_size: int, draft_mode: str = "per_depth") -> int:
     """Cache slots a speculative run needs beyond prompt + max_new: the tree is written after
-    the committed tokens each round, and the last round may overshoot max_new by a block."""
-    return max(budget, block_size) + block_size
+    the committed tokens each round (the path-conditioned pass writes 2 * budget draft slots),
+    and the last round may overshoot max_new by a block."""
+    written = 2 * budget if draft_mode == "path" else budget
+    return max(written, block_size) + block_size
 
 
 @flax.struct.dataclass
 class SpecStats:
     rounds: jax.Array  # [B] rounds run per sequence
     accepted: jax.Array  # [B, R] tokens committed in each round (accepted drafts + 1)
+    nodes: jax.Array | None = None  # [B, R] tree size verified in each round
 
 
 @flax.struct.dataclass
@@ -75,21 +101,32 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, st
     topk_lp, topk_tok = topk_from_logits(draft_logits, width)
     tree = build_trees(state.anchor, topk_lp, topk_tok, budget=tree_spec.budget,
                        method=tree_spec.method)
-    logits, cache, taps = verify_tree(tparams, tcfg, state.cache, tree,
-                                      taps=dcfg.tap_layers, attn_impl=attn_impl)
-    key, sub = jax.random.split(state.key)
-    acc = accept(tree, choose_tokens(sub, logits, sampler), dcfg.depth)
-    cache = commit(cache, acc, active)
-    out = state.out.append(acc.committed_tokens(tree), acc.count, stop_ids, max_new)
-    r = state.stats.rounds
-    stats = SpecStats(
-        rounds=r + active,
-        accepted=jax.vmap(lambda row, i, v: row.at[i].set(v))(
-            state.stats.accepted, jnp.minimum(r, state.stats.accepted.shape[1] - 1),
-            jnp.where(active, acc.count, 0)))
-    pending = jnp.take_along_axis(taps, acc.path[:, :, None], axis=1)
-    return SpecState(cache=cache, draft_cache=dcache, anchor=acc.bonus, pending_taps=pending,
-                     pending_count=acc.count, out=out, stats=stats, key=key)
+
+    def verify_round(tree):
+        if tree_spec.draft_mode == "path":
+            tree = path_draft.refine_trees(dparams, dcfg, tparams, tcfg, dcache, tree,
+                                           width=width, attn_impl=attn_impl)
+        logits, cache, taps = verify_tree(tparams, tcfg, state.cache, tree,
+                                          taps=dcfg.tap_layers, attn_impl=attn_impl)
+        key, sub = jax.random.split(state.key)
+        acc = accept(tree, choose_tokens(sub, logits, sampler), dcfg.depth)
+        cache = commit(cache, acc, active)
+        out = state.out.append(acc.committed_tokens(tree), acc.count, stop_ids, max_new)
+        r = state.stats.rounds
+        at = jnp.minimum(r, state.stats.accepted.shape[1] - 1)
+        put = jax.vmap(lambda row, i, v: row.at[i].set(v))
+        stats = SpecStats(rounds=r + active,
+                          accepted=put(state.stats.accepted, at, jnp.where(active, acc.count, 0)),
+                          nodes=put(state.stats.nodes, at,
+                                    jnp.where(active, tree.tokens.shape[1], 0)))
+        pending = jnp.take_along_axis(taps, acc.path[:, :, None], axis=1)
+        return SpecState(cache=cache, draft_cache=dcache, anchor=acc.bonus, pending_taps=pending,
+                         pending_count=acc.count, out=out, stats=stats, key=key)
+
+    if tree_spec.buckets:
+        return adaptive.switch_budget(tree, active, tree_spec.buckets, tree_spec.bucket_costs,
+                                      verify_round)
+    return verify_round(tree)
 
 
 def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, prompt_lens, key,
@@ -108,13 +145,14 @@ def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, p
                                                  stop_ids, max_new)
     dcache = draft_head.allocate_cache(dcfg, b, num_slots, cache_dtype)
     dcache = draft_head.extend_context(dparams, dcfg, dcache, prompt_taps, prompt_lens)
-    return SpecState(
+    return constrain_state(SpecState(
         cache=cache, draft_cache=dcache, anchor=first,
         pending_taps=jnp.zeros((b, blk, prompt_taps.shape[-1]), prompt_taps.dtype),
         pending_count=jnp.zeros((b,), jnp.int32), out=out,
         stats=SpecStats(rounds=jnp.zeros((b,), jnp.int32),
-                        accepted=jnp.zeros((b, max_new), jnp.int32)),
-        key=key)
+                        accepted=jnp.zeros((b, max_new), jnp.int32),
+                        nodes=jnp.zeros((b, max_new), jnp.int32)),
+        key=key))
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -126,7 +164,8 @@ def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConf
                   cache_dtype=jnp.float32) -> tuple[Output, SpecStats]:
     """Speculative decoding of a right-padded batch; same outputs as `ar_generate` (greedy:
     token for token; sampling: in distribution)."""
-    check_capacity(prompt.shape[1], max_new, working_slots(tree_spec.budget, dcfg.block_size),
+    check_capacity(prompt.shape[1], max_new,
+                   working_slots(tree_spec.budget, dcfg.block_size, tree_spec.draft_mode),
                    tcfg.max_position_embeddings, num_slots)
     state = init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, max_new=max_new,
                        sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,
@@ -134,5 +173,7 @@ def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConf
     round_fn = functools.partial(speculative_round, tparams, tcfg, dparams, dcfg,
                                  tree_spec=tree_spec, sampler=sampler, stop_ids=stop_ids,
                                  max_new=max_new, attn_impl=attn_impl)
-    state = jax.lax.while_loop(lambda s: ~jnp.all(s.out.done), round_fn, state)
+    # The carry's caches stay sharded by KV head on a mesh (no-op without one).
+    state = jax.lax.while_loop(lambda s: ~jnp.all(s.out.done),
+                               lambda s: constrain_state(round_fn(s)), state)
     return state.out, state.stats

@@ -58,21 +58,29 @@ def chi_square_p(observed, probs):
     return stats.chisquare(obs, exp).pvalue
 
 
-@pytest.mark.parametrize("sampler", [Sampler(temperature=1.0), Sampler(temperature=0.8, top_p=0.7),
-                                     Sampler(temperature=1.2, top_k=3)])
-def test_speculative_sampling_matches_target_distribution(sampler):
+def check_speculative_sampling(sampler, tree_spec, key, num_slots=48, with_ar=False):
+    """Speculative samples with tree_spec (and, with_ar, autoregressive ones) pass the
+    chi-square test against the exact distribution, with drafts accepted along the way."""
     tcfg, tp = tiny_target("dense", seed=11, vocab=5, scale=2.0)
     dcfg, dp = tiny_head(tcfg, block_size=5)
     probs = exact_distribution(tcfg, tp, sampler)
     prompt = jnp.asarray([PROMPT] * NUM, jnp.int32)
     lens = jnp.full((NUM,), len(PROMPT), jnp.int32)
-    kw = dict(max_new=NEW, sampler=sampler, stop_ids=(), num_slots=48)
-    ar = ar_generate(tp, prompt, lens, jax.random.key(1), cfg=tcfg, **kw)
-    sd, st = spec_generate(tp, dp, prompt, lens, jax.random.key(2), tcfg=tcfg, dcfg=dcfg,
-                           tree_spec=TreeSpec(16, 3), **kw)
+    kw = dict(max_new=NEW, sampler=sampler, stop_ids=(), num_slots=num_slots)
+    sd, st = spec_generate(tp, dp, prompt, lens, key, tcfg=tcfg, dcfg=dcfg, tree_spec=tree_spec,
+                           **kw)
     assert np.asarray(st.accepted).max() >= 2  # drafts were accepted, not only bonus tokens
-    for out in (ar, sd):
+    outs = [sd]
+    if with_ar:
+        outs.append(ar_generate(tp, prompt, lens, jax.random.key(1), cfg=tcfg, **kw))
+    for out in outs:
         assert chi_square_p(counts(out.tokens, tcfg.vocab_size), probs) > ALPHA
+
+
+@pytest.mark.parametrize("sampler", [Sampler(temperature=1.0), Sampler(temperature=0.8, top_p=0.7),
+                                     Sampler(temperature=1.2, top_k=3)])
+def test_speculative_sampling_matches_target_distribution(sampler):
+    check_speculative_sampling(sampler, TreeSpec(16, 3), jax.random.key(2), with_ar=True)
 
 
 def test_chi_square_check_detects_a_wrong_distribution():

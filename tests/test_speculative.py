@@ -57,14 +57,21 @@ CASES = [
 @given(seed=st.integers(0, 2**16))
 def test_greedy_speculative_equals_autoregressive(kind, budget, width, method, block, causal,
                                                   mask_id, seed):
+    check_greedy_case(kind, TreeSpec(budget, width, method), block, causal, mask_id, seed)
+
+
+def check_greedy_case(kind, spec, block, causal, mask_id, seed):
+    """A random tiny target and head (from seed), 3 ragged prompts: greedy SD with spec equals
+    AR token for token and its stats add up. -> stats."""
     rng = np.random.default_rng(seed)
     tcfg, tp = tiny_target(kind, seed=seed % 5, vocab=12)
     dcfg, dp = tiny_head(tcfg, seed=seed % 3 + 7, block_size=block, causal=causal,
                          mask_token_id=mask_id)
     prompt, lens = random_prompts(rng, 3, 7, tcfg.vocab_size)
-    ar, sd, stats = run_both(tcfg, tp, dcfg, dp, prompt, lens, TreeSpec(budget, width, method))
+    ar, sd, stats = run_both(tcfg, tp, dcfg, dp, prompt, lens, spec)
     assert_same(ar, sd)
     check_stats(sd, stats)
+    return stats
 
 
 def test_stop_tokens_and_acceptance_happen():

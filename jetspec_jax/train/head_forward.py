@@ -19,6 +19,7 @@ from jetspec_jax import draft_head, target
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.draft_head import DraftConfig
 from jetspec_jax.layers import rms_norm, rope
+from jetspec_jax.train.prefix_fill import filled_block_inputs
 
 
 def target_pass(tparams, tcfg: ModelConfig, tokens, tap_layers):
@@ -75,12 +76,15 @@ def dense_attention(q, k, v, visible):
     return out.reshape(b, nq, n, h).astype(q.dtype)
 
 
-def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, tokens, anchors):
+def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, tokens, anchors,
+                fill=None):
     """Draft logits [B, A, blk-1, V] (float32) of the blocks anchored at anchors [B, A].
 
     taps [B, T, k*D] are the target's tapped features of tokens [B, T]; slot d of the block
     at anchor a drafts the token at position a + d, exactly as `draft_block` would after
-    `extend_context` with the taps of positions 0..a-1."""
+    `extend_context` with the taps of positions 0..a-1. fill [B, A] (optional): the first
+    fill[b, a] MASK slots of each block hold the true tokens instead (`prefix_fill.py`; pair
+    the logits with `prefix_fill.supervised` in the loss mask)."""
     cfg = dcfg.layers
     b, t = tokens.shape
     a = anchors.shape[1]
@@ -88,9 +92,12 @@ def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, to
     ctx = draft_head.extend_context(  # context K/V of all T positions, every draft layer
         dparams, dcfg, draft_head.allocate_cache(dcfg, b, t, dparams["fc"].dtype), taps,
         jnp.full((b,), t, jnp.int32))
-    anchor_tok = jnp.take_along_axis(tokens, anchors, axis=1)  # [B, A]
-    x = draft_head.block_inputs(dparams, dcfg, tparams, anchor_tok.reshape(b * a))
-    x = x.reshape(b, a * blk, -1)  # [B, A*blk, D]
+    if fill is None:
+        anchor_tok = jnp.take_along_axis(tokens, anchors, axis=1)  # [B, A]
+        x = draft_head.block_inputs(dparams, dcfg, tparams, anchor_tok.reshape(b * a))
+        x = x.reshape(b, a * blk, -1)  # [B, A*blk, D]
+    else:
+        x = filled_block_inputs(dparams, dcfg, tparams, tokens, anchors, fill)
     positions = (anchors[:, :, None] + jnp.arange(blk, dtype=jnp.int32)).reshape(b, a * blk)
     visible = block_visibility(dcfg, anchors, t)
     for p, kc, vc in zip(dparams["layers"], ctx.k, ctx.v):

@@ -7,7 +7,9 @@ the target's whole distribution (better for tree drafting than hard labels). Dep
 weighted by exp(-(d-1)/gamma): early depths decide most of the accepted length. With a feature
 cache (`features.py`) the teacher is the target's top-K renormalised over those K tokens, and
 the KL is sum_k p_k (log p_k - log q_k) with the head's full log-softmax q. The EAGLE
-baseline (`eagle.py`) is trained the same way on its unrolled chain of D depths.
+baseline (`eagle.py`) is trained the same way on its unrolled chain of D depths. With
+`prefix_fill` some blocks hold true tokens in their first slots (`prefix_fill.py`), as the
+path-conditioned drafting pass shows them; those slots are not supervised.
 
 Mask token: a head either owns a learned `mask_embed` (`DraftConfig.mask_token_id=None`) or
 uses the target's embedding of a reserved id. We recommend the learned embedding for new
@@ -27,6 +29,7 @@ from jetspec_jax.draft_head import DraftConfig
 from jetspec_jax.train.eagle import EagleConfig, eagle_logits
 from jetspec_jax.train.head_forward import (head_logits, sample_anchors, target_logits_at,
                                             target_pass)
+from jetspec_jax.train.prefix_fill import sample_fill, supervised
 
 
 def depth_weights(depth: int, gamma: float | None):
@@ -108,11 +111,25 @@ def cached_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | Eagle
 
 
 def head_loss(dparams, dcfg: DraftConfig | EagleConfig, tparams, tcfg: ModelConfig, tokens,
-              teach, gamma: float | None = None):
+              teach, gamma: float | None = None, *, key=None, prefix_fill: float = 0.0):
     """Loss and metrics of the head (parallel block or EAGLE chain) on the anchors chosen in
-    `teacher_outputs` (full teacher logits) or `cached_teacher_outputs` (top-K)."""
-    forward = eagle_logits if isinstance(dcfg, EagleConfig) else head_logits
-    head = forward(dparams, dcfg, tparams, tcfg, teach["taps"], tokens, teach["anchors"])
+    `teacher_outputs` (full teacher logits) or `cached_teacher_outputs` (top-K).
+
+    prefix_fill > 0 (block heads only): each block gets, with that probability, a prefix of
+    true tokens drawn with key (`prefix_fill.py`); its filled slots leave the loss."""
+    anchors, valid = teach["anchors"], teach["valid"]
+    if isinstance(dcfg, EagleConfig):
+        if prefix_fill > 0:
+            raise ValueError("prefix_fill applies to block heads, not the EAGLE chain")
+        head = eagle_logits(dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anchors)
+    else:
+        fill = None
+        if prefix_fill > 0:
+            if key is None:
+                raise ValueError("prefix_fill > 0 needs a key to draw the fill")
+            fill = sample_fill(key, anchors.shape, dcfg.block_size, prefix_fill)
+            valid = valid & supervised(fill, dcfg.depth)
+        head = head_logits(dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anchors, fill)
     if "teacher" in teach:
-        return distill_loss(head, teach["teacher"], teach["valid"], gamma)
-    return topk_distill_loss(head, teach["top_logp"], teach["top_ids"], teach["valid"], gamma)
+        return distill_loss(head, teach["teacher"], valid, gamma)
+    return topk_distill_loss(head, teach["top_logp"], teach["top_ids"], valid, gamma)

@@ -1,0 +1,180 @@
+"""Drafting variants at equal budgets: the per-depth tree (the paper's drafter), the
+path-conditioned tree (`jetspec_jax/path_draft.py`) and the adaptive budget
+(`jetspec_jax/adaptive.py`, buckets up to the budget), each against autoregressive decoding
+of the same batch. Greedy; outputs are compared token for token with autoregressive decoding.
+
+Prompts come from the benchmark sets of bench/bench_acceptance.py (same loaders). Per
+benchmark and budget it reports tau (tokens committed per round), tok/s, the speedup over
+autoregressive decoding and, for the adaptive modes, the mean tree size actually verified.
+The adaptive cost table is measured on this device at start-up (`adaptive.measure_costs`)
+and stored with the results.
+
+  python bench/bench_drafting.py --draft runs/head/head --per-benchmark 16 --budgets 64 256
+  # smoke test with a random head (numbers meaningless; do not commit them):
+  python bench/bench_drafting.py --draft random --benchmarks mtbench --per-benchmark 2 \\
+      --max-new-tokens 8 --budgets 32 --out /tmp/drafting_smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench_acceptance import BENCHMARKS  # noqa: E402
+from jetspec_jax import adaptive, api, draft_head, params as P  # noqa: E402
+from jetspec_jax.decode import ar_generate  # noqa: E402
+from jetspec_jax.sampling import Sampler  # noqa: E402
+from jetspec_jax.speculative import TreeSpec, spec_generate, working_slots  # noqa: E402
+
+MODES = {  # name -> (draft_mode, adaptive)
+    "per_depth": ("per_depth", False),
+    "path": ("path", False),
+    "adaptive": ("per_depth", True),
+    "adaptive_path": ("path", True),
+}
+
+
+def random_draft(target: api.Target, seed: int) -> api.Draft:
+    """A reference-shaped head (5 layers, block 16, 5 taps) with random weights."""
+    dcfg = draft_head.draft_config_for(target.cfg)
+    params = P.init_params(draft_head.draft_specs(dcfg), jax.random.key(seed), target.dtype)
+    return api.Draft(dcfg, params, "random")
+
+
+def run_timed(fn, args, static):
+    """-> (outputs, compile + warm-up seconds, seconds of one more run)."""
+    start = time.perf_counter()
+    compiled = fn.lower(*args, **static).compile()
+    jax.block_until_ready(compiled(*args))
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    out = jax.block_until_ready(compiled(*args))
+    return out, compile_s, time.perf_counter() - start
+
+
+def generated(out) -> list[list[int]]:
+    tokens, counts = np.asarray(out.tokens), np.asarray(out.num_tokens)
+    return [tokens[b, :n].tolist() for b, n in enumerate(counts)]
+
+
+def tree_spec(mode: str, budget: int, width: int, costs: dict) -> TreeSpec:
+    draft_mode, is_adaptive = MODES[mode]
+    if not is_adaptive:
+        return TreeSpec(budget, width, draft_mode=draft_mode)
+    table = {b: t for b, t in costs[draft_mode].items() if b <= budget}
+    return adaptive.auto_tree_spec(table or {budget: 1.0}, width=width, draft_mode=draft_mode)
+
+
+def bench_one(target, draft, ids, args, costs, attn_impl) -> list[dict]:
+    static = dict(max_new=args.max_new_tokens, sampler=Sampler(), stop_ids=(),
+                  attn_impl=attn_impl, cache_dtype=jnp.dtype(target.dtype))
+    key = jax.random.key(0)
+    batch = api.make_batch(target, ids, args.max_new_tokens, 1)
+    ar, _, ar_s = run_timed(ar_generate, (target.params, batch.prompt, batch.lens, key),
+                            dict(cfg=target.cfg, num_slots=batch.num_slots, **static))
+    ar_tokens = generated(ar)
+    ar_tps = sum(map(len, ar_tokens)) / ar_s
+    rows = []
+    for budget in args.budgets:
+        for mode in args.modes:
+            spec = tree_spec(mode, budget, args.width, costs)
+            extra = working_slots(spec.budget, draft.dcfg.block_size, spec.draft_mode)
+            batch = api.make_batch(target, ids, args.max_new_tokens, extra)
+            (out, stats), compile_s, seconds = run_timed(
+                spec_generate, (target.params, draft.params, batch.prompt, batch.lens, key),
+                dict(tcfg=target.cfg, dcfg=draft.dcfg, tree_spec=spec,
+                     num_slots=batch.num_slots, **static))
+            tokens = generated(out)
+            rounds = np.asarray(stats.rounds)
+            accepted = np.concatenate([a[:r] for a, r in zip(np.asarray(stats.accepted), rounds)])
+            nodes = np.concatenate([a[:r] for a, r in zip(np.asarray(stats.nodes), rounds)])
+            tps = sum(map(len, tokens)) / seconds
+            rows.append(dict(budget=budget, mode=mode, buckets=list(spec.buckets),
+                             tau=float(accepted.mean()), mean_nodes=float(nodes.mean()),
+                             tokens_per_s=tps, ar_tokens_per_s=ar_tps, speedup=tps / ar_tps,
+                             seconds=seconds, compile_s=compile_s,
+                             identical=tokens == ar_tokens))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Drafting variants: {result['model']}, head {result['draft']}, "
+             f"{result['device']}, {result['date']}", "", f"`{result['command']}`", "",
+             "| benchmark | budget | mode | tau | mean nodes | tok/s | AR tok/s | speedup | "
+             "identical |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['benchmark']} | {r['budget']} | {r['mode']} | {r['tau']:.2f} | "
+                     f"{r['mean_nodes']:.1f} | {r['tokens_per_s']:.1f} | "
+                     f"{r['ar_tokens_per_s']:.1f} | {r['speedup']:.2f}x | "
+                     f"{'yes' if r['identical'] else 'NO'} |")
+    lines += ["", "Adaptive cost tables (seconds per round, by bucket): "
+              + json.dumps(result["costs"])]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=api.DEFAULT_MODEL)
+    ap.add_argument("--draft", required=True, help='a head directory, or "random"')
+    ap.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=BENCHMARKS)
+    ap.add_argument("--per-benchmark", type=int, default=16,
+                    help="prompts per benchmark (the first N; all when 0)")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--buckets", type=int, nargs="+", default=list(adaptive.DEFAULT_BUCKETS),
+                    help="adaptive tree sizes (those <= the budget are used)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--width", type=int, default=7)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--attn-impl", default="auto")
+    ap.add_argument("--seed", type=int, default=0, help="random head's seed")
+    ap.add_argument("--out", default=None,
+                    help="output path without suffix (default bench/results/drafting_<device>"
+                         "_<date>); writes .json and .md")
+    args = ap.parse_args()
+    attn_impl = api.resolve_attn_impl(args.attn_impl)
+    target = api.load_target(args.model, dtype=args.dtype)
+    draft = (random_draft(target, args.seed) if args.draft == "random"
+             else api.load_draft(args.draft, target))
+    device = str(jax.devices()[0].device_kind)
+    date = time.strftime("%Y-%m-%d")
+    out = Path(args.out or Path(__file__).parent / "results"
+               / f"drafting_{device.replace(' ', '_').lower()}_{date}")
+    result = {"model": args.model, "draft": args.draft, "backend": jax.default_backend(),
+              "device": device, "date": date, "command": " ".join(sys.argv), "costs": {},
+              "rows": []}
+    buckets = tuple(b for b in sorted(args.buckets) if b <= max(args.budgets))
+    for name in args.benchmarks:
+        prompts = BENCHMARKS[name]()
+        prompts = prompts[: args.per_benchmark] if args.per_benchmark else prompts
+        ids = api.encode_prompts(target, prompts)
+        context = int(np.mean([len(p) for p in ids])) + args.max_new_tokens // 2
+        costs = {}
+        for draft_mode in {MODES[m][0] for m in args.modes if MODES[m][1]}:
+            costs[draft_mode] = adaptive.measure_costs(
+                target.params, target.cfg, draft.params, draft.dcfg, buckets=buckets,
+                width=args.width, draft_mode=draft_mode, batch=len(ids), context_len=context,
+                attn_impl=attn_impl)
+        result["costs"][name] = costs
+        for row in bench_one(target, draft, ids, args, costs, attn_impl):
+            row.update(benchmark=name, num_prompts=len(ids))
+            result["rows"].append(row)
+        Path(f"{out}.json").write_text(json.dumps(result, indent=1))
+    Path(f"{out}.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
