@@ -49,6 +49,22 @@ def mtbench():
 BENCHMARKS = {"humaneval": humaneval, "math500": math500, "mtbench": mtbench}
 
 
+def merge_rows(rows):
+    """`api.bench` rows of one budget over several batches -> one row: times and tokens add
+    up, tau is tokens per round over all rounds, the histogram adds up."""
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    ar_seconds = sum(r["ar_seconds"] for r in rows)
+    width = max(len(r["tau_hist"]) for r in rows)
+    hist = [sum(r["tau_hist"][k] for r in rows if k < len(r["tau_hist"])) for k in range(width)]
+    rounds = sum(hist)
+    return {"budget": rows[0]["budget"], "tokens": tokens, "seconds": seconds,
+            "ar_seconds": ar_seconds, "tokens_per_s": tokens / seconds,
+            "ar_tokens_per_s": tokens / ar_seconds, "speedup": ar_seconds / seconds,
+            "tau": sum(i * n for i, n in enumerate(hist)) / max(rounds, 1), "tau_hist": hist,
+            "identical": all(r["identical"] for r in rows),
+            "compile_s": sum(r["compile_s"] for r in rows)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,6 +75,8 @@ def main():
                     help="prompts per benchmark (the first N; all when 0)")
     ap.add_argument("--budgets", type=int, nargs="+", default=[4, 16, 64])
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=1,
+                    help="prompts decoded together (0: all of a benchmark at once)")
     ap.add_argument("--width", type=int, default=7)
     ap.add_argument("--temperature", type=float, default=1.0,
                     help="also measure tau when sampling at this temperature (0: skip)")
@@ -73,15 +91,21 @@ def main():
     for name in args.benchmarks:
         prompts = BENCHMARKS[name]()
         prompts = prompts[: args.per_benchmark] if args.per_benchmark else prompts
-        rows = api.bench(target, prompts, draft=draft, budgets=args.budgets,
-                         max_new_tokens=args.max_new_tokens, width=args.width)
-        for row in rows:
-            row.update(benchmark=name, num_prompts=len(prompts))
+        size = args.batch_size or len(prompts)
+        batches = [prompts[i:i + size] for i in range(0, len(prompts), size)]
+        per_batch = [api.bench(target, batch, draft=draft, budgets=args.budgets,
+                               max_new_tokens=args.max_new_tokens, width=args.width,
+                               progress=False) for batch in batches]
+        for budget, rows in zip(args.budgets, zip(*per_batch)):
+            row = merge_rows(rows)
+            row.update(benchmark=name, num_prompts=len(prompts), batch_size=size)
             if args.temperature > 0:
-                sampled = api.generate(target, prompts, draft=draft, budget=row["budget"],
-                                       width=args.width, max_new_tokens=args.max_new_tokens,
-                                       temperature=args.temperature, seed=0)
-                row["tau_sampled"] = sampled.tau_mean
+                sampled = [api.generate(target, batch, draft=draft, budget=budget,
+                                        width=args.width, max_new_tokens=args.max_new_tokens,
+                                        temperature=args.temperature, seed=0)
+                           for batch in batches]
+                row["tau_sampled"] = (sum(r.tau_mean * sum(r.rounds) for r in sampled)
+                                      / sum(sum(r.rounds) for r in sampled))
             result["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "tau_hist"}), flush=True)
         if args.out:

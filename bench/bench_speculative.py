@@ -11,7 +11,6 @@ speedup = tau * t(AR step) / t(round). They are projections, and the table says 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import sys
@@ -67,7 +66,44 @@ def check_kernels(dtype):
             "speculative_vs_autoregressive_token_match": same(outs["auto"], ar)}
 
 
-def time_round(tcfg, tp, dcfg, dp, context, budgets, batch):
+def peak_gb():
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use", 0) / 1e9
+
+
+def compiled(fn, *args):
+    """(jitted fn compiled for args, compile seconds). Weights must be arguments, never
+    closed over: jit would embed a closed-over 16 GB tree in the program as constants."""
+    t0 = time.perf_counter()
+    exe = jax.jit(fn).lower(*args).compile()
+    return exe, time.perf_counter() - t0
+
+
+def round_phases(tcfg, tp, dcfg, dp, state, spec, batch):
+    """Milliseconds of draft, tree build, verify and accept+commit, each compiled alone."""
+    draft, _ = compiled(lambda tp, dp, s: draft_head.draft_block(
+        dp, dcfg, tp, tcfg, draft_head.extend_context(dp, dcfg, s.draft_cache, s.pending_taps,
+                                                      s.pending_count), s.anchor,
+        attn_impl="auto"), tp, dp, state)
+    dlogits = draft(tp, dp, state)
+    tree_fn, _ = compiled(lambda lg, a: build_trees(a, *topk_from_logits(lg, spec.width),
+                                                    budget=spec.budget), dlogits, state.anchor)
+    tree = tree_fn(dlogits, state.anchor)
+    verify, _ = compiled(lambda tp, c, tr: verify_tree(tp, tcfg, c, tr, taps=dcfg.tap_layers,
+                                                       attn_impl="auto"), tp, state.cache, tree)
+    logits, cache, _ = verify(tp, state.cache, tree)
+    acc_commit, _ = compiled(lambda lg, c, tr: commit(
+        c, accept(tr, jnp.argmax(lg, -1).astype(jnp.int32), dcfg.depth),
+        jnp.ones((batch,), bool)), logits, cache, tree)
+    return {"draft_ms": timed(lambda: draft(tp, dp, state)) * 1e3,
+            "tree_ms": timed(lambda: tree_fn(dlogits, state.anchor)) * 1e3,
+            "verify_ms": timed(lambda: verify(tp, state.cache, tree)) * 1e3,
+            "accept_commit_ms": timed(lambda: acc_commit(logits, cache, tree)) * 1e3}
+
+
+def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool):
+    """One AR step and one whole speculative round per budget (one compiled program each);
+    with phases, also the round's parts compiled alone."""
     num_slots = context + 1024
     prompt = jax.random.randint(jax.random.key(2), (batch, context), 0, tcfg.vocab_size,
                                 jnp.int32)
@@ -77,44 +113,24 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch):
         num_slots=num_slots, attn_impl="auto", cache_dtype=jnp.bfloat16))
     state = make_state(tp, dp, prompt, lens, jax.random.key(0))
     jax.block_until_ready(state)
-
-    ar = jax.jit(lambda c, t: decode_step(tp, tcfg, c, t, jax.random.key(0), GREEDY,
-                                          jnp.zeros((batch,), bool), "auto"))
-    t_ar = timed(lambda: ar(state.cache, state.anchor))
-
-    draft = jax.jit(lambda s: draft_head.draft_block(
-        dp, dcfg, tp, tcfg, draft_head.extend_context(dp, dcfg, s.draft_cache, s.pending_taps,
-                                                      s.pending_count), s.anchor,
-        attn_impl="auto"))
-    t_draft = timed(lambda: draft(state))
-    dlogits = draft(state)
+    ar, ar_compile = compiled(lambda tp, c, t: decode_step(
+        tp, tcfg, c, t, jax.random.key(0), GREEDY, jnp.zeros((batch,), bool), "auto"),
+        tp, state.cache, state.anchor)
+    t_ar = timed(lambda: ar(tp, state.cache, state.anchor))
     rows = []
     for budget in budgets:
         spec = TreeSpec(budget, 7)
-        tree_fn = jax.jit(lambda lg, a: build_trees(a, *topk_from_logits(lg, 7), budget=budget))
-        t_tree = timed(lambda: tree_fn(dlogits, state.anchor))
-        tree = tree_fn(dlogits, state.anchor)
-        verify = jax.jit(lambda c, tr: verify_tree(tp, tcfg, c, tr, taps=dcfg.tap_layers,
-                                                   attn_impl="auto"))
-        t_verify = timed(lambda: verify(state.cache, tree))
-        logits, cache, _ = verify(state.cache, tree)
-        acc_commit = jax.jit(lambda lg, c, tr: commit(
-            c, accept(tr, jnp.argmax(lg, -1).astype(jnp.int32), dcfg.depth),
-            jnp.ones((batch,), bool)))
-        t_accept = timed(lambda: acc_commit(logits, cache, tree))
-        round_fn = jax.jit(functools.partial(
-            speculative_round, tp, tcfg, dp, dcfg, tree_spec=spec, sampler=GREEDY, stop_ids=(),
-            max_new=512, attn_impl="auto"))
-        t0 = time.perf_counter()
-        round_fn.lower(state).compile()
-        compile_s = time.perf_counter() - t0
-        t_round = timed(lambda: round_fn(state))
+        round_fn, compile_s = compiled(lambda tp, dp, s: speculative_round(
+            tp, tcfg, dp, dcfg, s, tree_spec=spec, sampler=GREEDY, stop_ids=(), max_new=512,
+            attn_impl="auto"), tp, dp, state)
+        t_round = timed(lambda: round_fn(tp, dp, state))
         row = {"model": tcfg.name, "batch": batch, "context": context, "budget": budget,
-               "ar_step_ms": t_ar * 1e3, "draft_ms": t_draft * 1e3, "tree_ms": t_tree * 1e3,
-               "verify_ms": t_verify * 1e3, "accept_commit_ms": t_accept * 1e3,
-               "round_ms": t_round * 1e3, "round_over_ar": t_round / t_ar,
-               "round_compile_s": compile_s,
+               "ar_step_ms": t_ar * 1e3, "ar_compile_s": ar_compile, "round_ms": t_round * 1e3,
+               "round_over_ar": t_round / t_ar, "round_compile_s": compile_s,
                "projected_speedup": {k: tau * t_ar / t_round for k, tau in PAPER_TAU.items()}}
+        if phases:
+            row.update(round_phases(tcfg, tp, dcfg, dp, state, spec, batch))
+        row["peak_gb"] = peak_gb()
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -125,7 +141,11 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budgets", type=int, nargs="+", default=[16, 64, 256])
     ap.add_argument("--batches", type=int, nargs="+", default=[1])
-    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--batch-budgets", nargs="*", default=[], metavar="B:N,N",
+                    help="budgets for one batch size instead of --budgets, e.g. 32:16,32,64")
+    ap.add_argument("--phase-batches", type=int, nargs="*", default=[1],
+                    help="batch sizes whose rounds are also split into phases")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[1024])
     ap.add_argument("--model", default="qwen3-8b", help="preset name of the timed target")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--out", default=None)
@@ -140,19 +160,27 @@ def main():
     tp = random_params(P.target_specs(tcfg))
     dcfg = draft_head.draft_config_for(tcfg, num_layers=5, block_size=16, num_taps=5)
     dp = random_params(draft_head.draft_specs(dcfg))
-    for batch in args.batches:
-        result["rows"] += time_round(tcfg, tp, dcfg, dp, args.context, args.budgets, batch)
-        if args.out:
-            Path(args.out).write_text(json.dumps(result, indent=1))
-    print("| batch | budget | AR step ms | draft | tree | verify | accept+commit | round ms | "
-          "round/AR | projected x (tau 10.76) | projected x (tau 5.94) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    per_batch = {int(b): [int(n) for n in ns.split(",")] for b, ns in
+                 (x.split(":") for x in args.batch_budgets)}
+    for context in args.contexts:
+        for batch in args.batches:
+            result["rows"] += time_round(tcfg, tp, dcfg, dp, context,
+                                         per_batch.get(batch, args.budgets), batch,
+                                         batch in args.phase_batches)
+            if args.out:
+                Path(args.out).write_text(json.dumps(result, indent=1))
+    print("| context | batch | budget | AR step ms | draft | tree | verify | accept+commit | "
+          "round ms | round/AR | projected x (tau 10.76) | projected x (tau 5.94) | "
+          "round compile s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    ms = lambda r, k: f"{r[k]:.2f}" if k in r else "-"  # noqa: E731
     for r in result["rows"]:
         p = r["projected_speedup"]
-        print(f"| {r['batch']} | {r['budget']} | {r['ar_step_ms']:.2f} | {r['draft_ms']:.2f} | "
-              f"{r['tree_ms']:.2f} | {r['verify_ms']:.2f} | {r['accept_commit_ms']:.2f} | "
-              f"{r['round_ms']:.2f} | {r['round_over_ar']:.2f} | "
-              f"{p['MATH-500 b256']:.2f} | {p['MT-Bench b256']:.2f} |")
+        print(f"| {r['context']} | {r['batch']} | {r['budget']} | {r['ar_step_ms']:.2f} | "
+              f"{ms(r, 'draft_ms')} | {ms(r, 'tree_ms')} | {ms(r, 'verify_ms')} | "
+              f"{ms(r, 'accept_commit_ms')} | {r['round_ms']:.2f} | {r['round_over_ar']:.2f} | "
+              f"{p['MATH-500 b256']:.2f} | {p['MT-Bench b256']:.2f} | "
+              f"{r['round_compile_s']:.1f} |")
 
 
 if __name__ == "__main__":

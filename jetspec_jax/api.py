@@ -14,6 +14,7 @@ to buckets and compiled executables are kept per shape, so repeated calls do not
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -27,11 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jetspec_jax import convert
-from jetspec_jax.checkpoint import CheckpointError
+from jetspec_jax import adaptive, convert, sharding
+from jetspec_jax.checkpoint import CheckpointError, load_target_checkpoint
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.decode import ar_generate, check_capacity
-from jetspec_jax.draft_head import DraftConfig
+from jetspec_jax.draft_head import DraftConfig, draft_specs
+from jetspec_jax.params import target_specs
 from jetspec_jax.sampling import Sampler
 from jetspec_jax.speculative import TreeSpec, spec_generate, working_slots
 from jetspec_jax.tokenizer import Tokenizer, TokenizerError
@@ -40,6 +42,7 @@ from pallas_kernels.tree_attention.api import IMPLEMENTATIONS
 DEFAULT_MODEL = "smollm2-135m"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTN_IMPLS = ("auto", *IMPLEMENTATIONS)
+AUTO_BUCKETS = adaptive.DEFAULT_BUCKETS  # the tree sizes budget="auto" picks from each round
 _NO_GPU_IMPLS = ("auto", "reference", "xla")
 # Where shipped heads live: the repository's checkpoints/ (editable install), or the package's.
 CHECKPOINT_DIRS = (Path(__file__).resolve().parent.parent / "checkpoints",
@@ -59,6 +62,7 @@ class Target:
     tokenizer: Tokenizer | None
     name: str  # the model's name (cfg.name): what its default draft head is named after
     source: str = ""  # what it was loaded from
+    mesh: jax.sharding.Mesh | None = None  # the devices its weights are sharded over
 
     @property
     def dtype(self):
@@ -81,13 +85,22 @@ def resolve_dtype(dtype):
 
 
 def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
-                progress: bool = True) -> Target:
+                progress: bool = True, mesh=None) -> Target:
     """Our checkpoint dir, an HF dir, a .gguf file or an embedded name (see
-    `jetspec_jax.convert.load_target`) -> Target, weights cast to dtype."""
+    `jetspec_jax.convert.load_target`) -> Target, weights cast to dtype.
+
+    mesh: None (one device), a spec such as "tp=2" or a `Mesh`: the weights are sharded over
+    it (`jetspec_jax.sharding`); our checkpoints are read straight into the shards, other
+    formats are read whole, then sharded."""
+    mesh, dtype = sharding.as_mesh(mesh), resolve_dtype(dtype)
     with _reading(source):
-        cfg, params, tokenizer = convert.load_target(source, resolve_dtype(dtype),
-                                                     progress=progress)
-    return Target(cfg, params, tokenizer, cfg.name, str(source))
+        if mesh is not None and (Path(source) / "metadata.json").exists():
+            cfg, params, tokenizer = load_target_checkpoint(source, dtype=dtype, sharding=mesh)
+        else:
+            cfg, params, tokenizer = convert.load_target(source, dtype, progress=progress)
+            if mesh is not None:
+                params = sharding.shard_params(params, target_specs(cfg), mesh)
+    return Target(cfg, params, tokenizer, cfg.name, str(source), mesh)
 
 
 @contextlib.contextmanager
@@ -116,12 +129,16 @@ def default_draft_path(target_name: str) -> Path | None:
     return next((p for p in found if p.is_dir()), None)
 
 
-def load_draft(path: str | Path, target: Target) -> Draft:
-    """A draft head (our format or the reference's HF-style format) checked against target."""
+def load_draft(path: str | Path, target: Target, *, mesh=None) -> Draft:
+    """A draft head (our format or the reference's HF-style format) checked against target,
+    sharded like it over mesh (default: the target's)."""
     from jetspec_jax import head_io  # imported on use: only the speculative path needs it
 
+    mesh = target.mesh if mesh is None else sharding.as_mesh(mesh)
     with _reading(path):
         dcfg, params = head_io.load_any_draft(path, dtype=target.dtype)
+    if mesh is not None:
+        params = sharding.shard_params(params, draft_specs(dcfg), mesh)
     draft = Draft(dcfg, params, str(path))
     check_fits(draft, target)
     return draft
@@ -173,23 +190,30 @@ def resolve_attn_impl(attn_impl: str) -> str:
 
 
 def default_budget() -> int:
-    """Tree nodes per round: a GPU verifies 64 nodes for about the cost of one token."""
-    return 64 if jax.default_backend() == "gpu" else 16
+    """Tree nodes per round. A GPU verifies 64 nodes for about the cost of one token. On the
+    CPU verifying costs nearly linearly in nodes: with the shipped SmolLM2 head, budget 8 was the
+    fastest of 8-256 on every benchmark (bench/results/acceptance_cpu_2026-11-29.json)."""
+    return 64 if jax.default_backend() == "gpu" else 8
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
     sampler: Sampler
-    tree_spec: TreeSpec
+    tree_spec: TreeSpec  # auto: budget max(AUTO_BUCKETS); buckets come with the measured costs
     attn_impl: str  # resolved for this machine
+    auto: bool = False  # budget="auto"
 
 
-def decoding_options(*, budget=None, width=7, tree="accum_logp", temperature=0.0, top_k=0,
-                     top_p=1.0, attn_impl="auto") -> Options:
+def decoding_options(*, budget=None, width=7, tree="accum_logp", draft_mode="per_depth",
+                     temperature=0.0, top_k=0, top_p=1.0, attn_impl="auto") -> Options:
     """Validates the decoding flags (cheap: the CLI calls it before loading a model)."""
-    budget = default_budget() if budget is None else budget
-    return Options(Sampler(temperature, top_k, top_p), TreeSpec(budget, width, tree),
-                   resolve_attn_impl(attn_impl))
+    auto = isinstance(budget, str) and budget == "auto"
+    if isinstance(budget, str) and not auto:
+        raise ValueError(f"budget must be a number of tree nodes or 'auto', got {budget!r}")
+    if budget is None:
+        budget = default_budget()
+    spec = TreeSpec(max(AUTO_BUCKETS) if auto else budget, width, tree, draft_mode)
+    return Options(Sampler(temperature, top_k, top_p), spec, resolve_attn_impl(attn_impl), auto)
 
 
 def check_fits(draft: Draft, target: Target) -> None:
@@ -283,13 +307,14 @@ def make_batch(target: Target, ids: list[list[int]], max_new: int, extra: int) -
 
 # ---- timed runs ------------------------------------------------------------------------------
 
-_COMPILED: dict = {}  # (function, argument shapes, static arguments) -> executable
+_COMPILED: dict = {}  # (function, argument shapes + shardings, static arguments) -> executable
 
 
 def _timed(fn, args: tuple, static: dict):
     """-> (fn(*args, **static), seconds to compile and warm up (0 when cached), run seconds)."""
-    key = (fn, jax.tree.structure(args),
-           tuple((x.shape, x.dtype) for x in jax.tree.leaves(args)), tuple(sorted(static.items())))
+    key = (fn, jax.tree.structure(args), tuple((x.shape, x.dtype, getattr(x, "sharding", None))
+                                               for x in jax.tree.leaves(args)),
+           tuple(sorted(static.items())))
     compile_s = 0.0
     if key not in _COMPILED:
         start = time.perf_counter()
@@ -301,18 +326,45 @@ def _timed(fn, args: tuple, static: dict):
     return out, compile_s, time.perf_counter() - start
 
 
+_COSTS: dict = {}  # (configs, dtypes, batch shape, tree options, attention, mesh) -> costs
+
+
+def adaptive_spec(target: Target, draft: Draft, tparams, dparams, prompt, spec: TreeSpec,
+                  attn_impl: str, mesh) -> tuple[TreeSpec, float]:
+    """budget="auto": the adaptive TreeSpec over AUTO_BUCKETS. A round's cost per bucket is
+    measured once per (target, head, batch shape, tree options) and kept, as compiled code is
+    (`adaptive.measure_costs`: it depends on shapes, not weights). -> (spec, seconds spent
+    measuring, 0 when cached)."""
+    key = (target.cfg, target.dtype, draft.dcfg, dparams["fc"].dtype, prompt.shape,
+           spec.width, spec.method, spec.draft_mode, attn_impl, mesh, AUTO_BUCKETS)
+    seconds = 0.0
+    if key not in _COSTS:
+        start = time.perf_counter()
+        with sharding.use(mesh):
+            _COSTS[key] = adaptive.measure_costs(
+                tparams, target.cfg, dparams, draft.dcfg, buckets=AUTO_BUCKETS,
+                width=spec.width, method=spec.method, draft_mode=spec.draft_mode,
+                batch=prompt.shape[0], context_len=prompt.shape[1], attn_impl=attn_impl,
+                cache_dtype=target.dtype)
+        seconds = time.perf_counter() - start
+    return adaptive.auto_tree_spec(_COSTS[key], width=spec.width, method=spec.method,
+                                   draft_mode=spec.draft_mode), seconds
+
+
 @dataclasses.dataclass
 class GenerationResult:
     texts: list[str]
     tokens: list[list[int]]  # generated ids per prompt (a final stop token included)
     prompt_lens: list[int]
     seconds: float  # the generation, compiled code only
-    compile_s: float  # compilation + one warm-up run; 0 when compiled code was reused
+    compile_s: float  # compilation + one warm-up run (+ budget="auto"'s cost measurement);
+    #                   0 when compiled code (and measured costs) were reused
     attn_impl: str
     draft: str | None = None  # the head's path; None: autoregressive decoding
     tree_spec: TreeSpec | None = None
     rounds: list[int] | None = None  # speculative rounds per sequence
     accepted: list[list[int]] | None = None  # tokens committed in each round, per sequence
+    nodes: list[list[int]] | None = None  # tree size verified in each round, per sequence
     ar_tokens: list[list[int]] | None = None  # with compare_autoregressive
     ar_seconds: float | None = None
     ar_compile_s: float | None = None
@@ -351,6 +403,16 @@ class GenerationResult:
         return np.bincount(np.asarray([k for a in self.accepted for k in a], int)).tolist()
 
     @property
+    def bucket_mix(self) -> dict[int, int] | None:
+        """Tree size -> rounds that verified it (the batch shares each round's size; with
+        budget="auto" the size is chosen per round)."""
+        if self.nodes is None:
+            return None
+        sizes = [max(n[r] for n in self.nodes if len(n) > r)
+                 for r in range(max(map(len, self.nodes), default=0))]
+        return dict(sorted(collections.Counter(sizes).items()))
+
+    @property
     def ar_tokens_per_s(self) -> float | None:
         return None if self.ar_tokens is None else sum(map(len, self.ar_tokens)) / self.ar_seconds
 
@@ -367,12 +429,17 @@ class GenerationResult:
         lines = []
         if self.mode == "speculative":
             t = self.tree_spec
-            lines.append(f"speculative: draft {self.draft}, budget {t.budget}, width {t.width}, "
-                         f"tree {t.method}, attention {self.attn_impl}")
+            budget = (f"auto (buckets {', '.join(map(str, t.buckets))})" if t.buckets
+                      else t.budget)
+            lines.append(f"speculative: draft {self.draft}, budget {budget}, width {t.width}, "
+                         f"tree {t.method}, draft mode {t.draft_mode}, attention "
+                         f"{self.attn_impl}")
             taus = ", ".join(f"{x:.2f}" for x in self.tau)
             lines.append(f"  tau {self.tau_mean:.2f} tokens per round"
                          + (f" (per prompt: {taus})" if len(self.tau) > 1 else "")
                          + f"; {sum(self.rounds)} rounds")
+            if t.buckets:
+                lines.append(f"  tree sizes chosen: {format_mix(self.bucket_mix)}")
         else:
             lines.append(f"autoregressive: attention {self.attn_impl}")
         lines.append(f"  {self.num_generated} tokens in {self.seconds:.3f} s: "
@@ -386,60 +453,88 @@ class GenerationResult:
     def to_dict(self) -> dict:
         keys = ("mode", "texts", "tokens", "prompt_lens", "draft", "attn_impl", "seconds",
                 "compile_s", "num_generated", "tokens_per_s", "rounds", "tau", "tau_mean",
-                "tau_hist", "ar_seconds", "ar_compile_s", "ar_tokens_per_s", "speedup",
-                "ar_identical")
+                "tau_hist", "nodes", "bucket_mix", "ar_seconds", "ar_compile_s",
+                "ar_tokens_per_s", "speedup", "ar_identical")
         d = {k: getattr(self, k) for k in keys}
         d["tree_spec"] = self.tree_spec and dataclasses.asdict(self.tree_spec)
         return d
+
+
+def format_mix(mix: dict[int, int]) -> str:
+    """{16: 3, 32: 10} -> "16 x 3, 32 x 10 rounds"."""
+    return ", ".join(f"{size} x {n}" for size, n in mix.items()) + " rounds"
 
 
 # ---- the verbs -------------------------------------------------------------------------------
 
 
 def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]], *,
-             draft: Draft | None = None, max_new_tokens: int = 128, budget: int | None = None,
-             width: int = 7, tree: str = "accum_logp", temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int = 0, chat: bool = True,
+             draft: Draft | None = None, max_new_tokens: int = 128,
+             budget: int | str | None = None, width: int = 7, tree: str = "accum_logp",
+             draft_mode: str = "per_depth", temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, chat: bool = True,
              stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
-             compare_autoregressive: bool = False) -> GenerationResult:
+             compare_autoregressive: bool = False, mesh=None) -> GenerationResult:
     """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
 
-    budget: tree nodes per round (None: `default_budget()`); chat: wrap text prompts in the
-    chat template; stop_ids: None means the tokenizer's eos ids; compare_autoregressive: also
-    time autoregressive decoding of the same batch (with a draft only)."""
-    opts = decoding_options(budget=budget, width=width, tree=tree, temperature=temperature,
-                            top_k=top_k, top_p=top_p, attn_impl=attn_impl)
+    budget: tree nodes per round (None: `default_budget()`), or "auto": each round picks its
+    tree size from AUTO_BUCKETS by expected tokens per second (`adaptive_spec`);
+    draft_mode: "per_depth" or "path" (path-conditioned trees, docs/drafting_variants.md);
+    chat: wrap text prompts in the chat template; stop_ids: None means the tokenizer's eos
+    ids; compare_autoregressive: also time autoregressive decoding of the same batch (with a
+    draft only); mesh: where to decode (None: the target's mesh, or one device), a spec such
+    as "tp=2" or a `Mesh`."""
+    opts = decoding_options(budget=budget, width=width, tree=tree, draft_mode=draft_mode,
+                            temperature=temperature, top_k=top_k, top_p=top_p,
+                            attn_impl=attn_impl)
     if draft is not None:
         check_fits(draft, target)
     ids = encode_prompts(target, prompts, chat=chat)
     if stop_ids is None:
         stop_ids = (target.tokenizer and target.tokenizer.eos_token_ids) or target.cfg.eos_token_ids
     spec = opts.tree_spec
-    extra = 1 if draft is None else working_slots(spec.budget, draft.dcfg.block_size)
+    extra = 1 if draft is None else working_slots(spec.budget, draft.dcfg.block_size,
+                                                  spec.draft_mode)
     batch = make_batch(target, ids, max_new_tokens, extra)
+    mesh = target.mesh if mesh is None else sharding.as_mesh(mesh)
+    tparams, dparams = target.params, draft and draft.params
+    prompt, lens, key = batch.prompt, batch.lens, jax.random.key(seed)
+    attn = opts.attn_impl
+    if mesh is not None:  # weights already placed by load_target / load_draft are not moved
+        tparams = sharding.shard_params(tparams, target_specs(target.cfg), mesh)
+        dparams = draft and sharding.shard_params(dparams, draft_specs(draft.dcfg), mesh)
+        prompt, lens, key = sharding.replicate((prompt, lens, key), mesh)
+        if mesh.size > 1 and attn == "auto":  # GSPMD splits XLA attention by head, not the
+            attn = "reference"                # Pallas kernels' custom calls (docs/sharding.md)
     static = dict(max_new=max_new_tokens, sampler=opts.sampler,
                   stop_ids=tuple(int(s) for s in stop_ids), num_slots=batch.num_slots,
-                  attn_impl=opts.attn_impl, cache_dtype=jnp.dtype(target.dtype))
-    key = jax.random.key(seed)
+                  attn_impl=attn, cache_dtype=jnp.dtype(target.dtype))
+
+    def timed(fn, args, static):
+        with sharding.use(mesh):  # constraints in the decoding loops read the context mesh
+            return _timed(fn, args, static)
 
     def autoregressive():
-        return _timed(ar_generate, (target.params, batch.prompt, batch.lens, key),
-                      dict(cfg=target.cfg, **static))
+        return timed(ar_generate, (tparams, prompt, lens, key), dict(cfg=target.cfg, **static))
 
-    common = dict(prompt_lens=[len(p) for p in ids], attn_impl=opts.attn_impl,
-                  greedy=opts.sampler.greedy)
+    common = dict(prompt_lens=[len(p) for p in ids], attn_impl=attn, greedy=opts.sampler.greedy)
     if draft is None:
         out, compile_s, seconds = autoregressive()
         return GenerationResult(*_decoded(target, out), seconds=seconds, compile_s=compile_s,
                                 **common)
-    (out, stats), compile_s, seconds = _timed(
-        spec_generate, (target.params, draft.params, batch.prompt, batch.lens, key),
+    measure_s = 0.0
+    if opts.auto:
+        spec, measure_s = adaptive_spec(target, draft, tparams, dparams, prompt, spec, attn,
+                                        mesh)
+    (out, stats), compile_s, seconds = timed(
+        spec_generate, (tparams, dparams, prompt, lens, key),
         dict(tcfg=target.cfg, dcfg=draft.dcfg, tree_spec=spec, **static))
     rounds = np.asarray(stats.rounds).tolist()
-    accepted = [row[:r].tolist() for row, r in zip(np.asarray(stats.accepted), rounds)]
-    result = GenerationResult(*_decoded(target, out), seconds=seconds, compile_s=compile_s,
-                              draft=draft.path or "<in memory>", tree_spec=spec, rounds=rounds,
-                              accepted=accepted, **common)
+    per_round = lambda x: [row[:r].tolist() for row, r in zip(np.asarray(x), rounds)]  # noqa: E731
+    result = GenerationResult(*_decoded(target, out), seconds=seconds,
+                              compile_s=compile_s + measure_s, draft=draft.path or "<in memory>",
+                              tree_spec=spec, rounds=rounds, accepted=per_round(stats.accepted),
+                              nodes=per_round(stats.nodes), **common)
     if compare_autoregressive:
         ar, result.ar_compile_s, result.ar_seconds = autoregressive()
         result.ar_tokens = _decoded(target, ar)[1]
@@ -454,21 +549,24 @@ def _decoded(target: Target, out) -> tuple[list[str], list[list[int]]]:
     return [tok.decode(t, skip_special_tokens=True) if tok else "" for t in ids], ids
 
 
-def bench(target: Target, prompts, *, draft: Draft, budgets: Sequence[int] = (4, 8, 16, 32, 64),
-          max_new_tokens: int = 128, width: int = 7, tree: str = "accum_logp", chat: bool = True,
-          attn_impl: str = "auto", progress: bool = True) -> list[dict]:
-    """Greedy speculative vs autoregressive decoding of the same batch, for each budget (each
-    pair timed back to back) -> one row per budget."""
+def bench(target: Target, prompts, *, draft: Draft,
+          budgets: Sequence[int | str] = (4, 8, 16, 32, 64), max_new_tokens: int = 128,
+          width: int = 7, tree: str = "accum_logp", draft_mode: str = "per_depth",
+          chat: bool = True, attn_impl: str = "auto", progress: bool = True) -> list[dict]:
+    """Greedy speculative vs autoregressive decoding of the same batch, for each budget (a
+    number of tree nodes or "auto"; each pair timed back to back) -> one row per budget, with
+    the rounds per tree size (`bucket_mix`)."""
     for b in budgets:  # every budget checked before anything runs
-        decoding_options(budget=b, width=width, tree=tree, attn_impl=attn_impl)
+        decoding_options(budget=b, width=width, tree=tree, draft_mode=draft_mode,
+                         attn_impl=attn_impl)
     rows = []
     for b in tqdm(budgets, desc="bench", unit="budget", disable=not progress):
         r = generate(target, prompts, draft=draft, max_new_tokens=max_new_tokens, budget=b,
-                     width=width, tree=tree, chat=chat, attn_impl=attn_impl,
-                     compare_autoregressive=True)
+                     width=width, tree=tree, draft_mode=draft_mode, chat=chat,
+                     attn_impl=attn_impl, compare_autoregressive=True)
         rows.append(dict(budget=b, tau=r.tau_mean, tau_hist=r.tau_hist, tokens=r.num_generated,
                          seconds=r.seconds, tokens_per_s=r.tokens_per_s,
                          ar_seconds=r.ar_seconds, ar_tokens_per_s=r.ar_tokens_per_s,
                          speedup=r.speedup, identical=r.ar_identical,
-                         compile_s=r.compile_s + r.ar_compile_s))
+                         bucket_mix=r.bucket_mix, compile_s=r.compile_s + r.ar_compile_s))
     return rows

@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 
 from jetspec_jax.config import ConfigError, ModelConfig
 from jetspec_jax.params import check_params, target_specs
+from jetspec_jax.sharding import param_shardings
 
 FORMAT = 1
 PARAMS_DIR, TOKENIZER_DIR = "params", "tokenizer"
@@ -93,13 +94,19 @@ def load_tree(path: str | Path, abstract=None, *, kind: str | None = None):
     """-> (tree, config dict, metadata dict).
 
     abstract: a tree of `jax.ShapeDtypeStruct` (with shardings, for a sharded restore) that
-    the stored tree must match; None restores every array as stored, on the default device.
+    the stored tree must match; None restores every array as stored. Leaves without a sharding
+    go to the default device: never to the device recorded at save time, so a checkpoint
+    written on a GPU loads on a CPU-only machine.
     """
     path = Path(path).absolute()
     config, meta = read_info(path, kind)
     if abstract is None:
         abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
                                 stored_shapes(path))
+    here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(
+        lambda x: x if x.sharding is not None else jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                                        sharding=here), abstract)
     with ocp.StandardCheckpointer() as ckptr:
         tree = ckptr.restore(path / PARAMS_DIR, abstract)
     return tree, config, meta
@@ -116,8 +123,9 @@ def save_target(path: str | Path, params, cfg: ModelConfig, *, tokenizer=None,
 def load_target_checkpoint(path: str | Path, *, dtype=None, sharding=None):
     """-> (cfg, params, tokenizer or None).
 
-    dtype casts every array on restore; sharding is one `jax.sharding.Sharding` for all arrays
-    or a tree of them shaped like the params.
+    dtype casts every array on restore; sharding is one `jax.sharding.Sharding` for all arrays,
+    a tree of them shaped like the params, or a `Mesh` (`sharding.param_shardings` places each
+    array by its logical axes). Each device then reads only its own shard from disk.
     """
     path = Path(path).absolute()
     config, _ = read_info(path, "target")
@@ -127,6 +135,8 @@ def load_target_checkpoint(path: str | Path, *, dtype=None, sharding=None):
         raise CheckpointError(f"{path}/config.json is not a valid model config: {e}") from e
     shapes = stored_shapes(path)
     check_params(shapes, target_specs(cfg), f"checkpoint {path}")
+    if isinstance(sharding, jax.sharding.Mesh):
+        sharding = param_shardings(target_specs(cfg), sharding)
 
     def leaf(m, s=None):
         return jax.ShapeDtypeStruct(m.shape, dtype or m.dtype, sharding=s)

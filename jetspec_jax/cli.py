@@ -4,7 +4,8 @@ over `jetspec_jax.api` and `jetspec_jax.train`).
     jetspec generate                      # SmolLM2-135M-Instruct, built-in prompt
     jetspec generate --prompt "Hi!" --draft checkpoints/smollm2-135m-jetspec --compare
     jetspec convert path/to/Qwen3-8B checkpoints/qwen3-8b --dtype bfloat16
-    jetspec bench --budgets 8 16 32 64 --out bench.json
+    jetspec generate --draft-mode path --budget auto
+    jetspec bench --budgets 8 16 32 64 auto --out bench.json
     jetspec train-data --out runs/data --max-seqs 2000
     jetspec train-draft --data runs/data --out runs/head --steps 2000
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import jax
 
 from jetspec_jax import api
+from jetspec_jax.speculative import DRAFT_MODES
 
 BUILTIN_PROMPT = "Explain in three sentences why the sky is blue."
 BENCH_PROMPTS = (
@@ -63,6 +65,17 @@ def _subparser(sub, name: str, help: str, description: str):
     return sub.add_parser(name, help=help, description=description)
 
 
+def budget_arg(text: str) -> int | str:
+    """--budget / --budgets: a number of tree nodes or "auto" (range checked by the API)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of tree nodes or 'auto', got {text!r}") from None
+
+
 # ---- convert ---------------------------------------------------------------------------------
 
 
@@ -70,8 +83,9 @@ def _convert_parser(sub) -> None:
     p = _subparser(sub, "convert", "convert a checkpoint into ours",
                    "Converts a target model (an HF directory with config.json + safetensors, a "
                    ".gguf file, or an embedded name such as smollm2-135m) into our orbax "
-                   "checkpoint, tokenizer included; with --head, converts a reference-format "
-                   "draft head (config.json with dflash_config + model.safetensors) into ours. "
+                   "checkpoint, tokenizer included; with --head, converts a draft head (the "
+                   "reference format: config.json with dflash_config + model.safetensors, or "
+                   "one of ours, e.g. to store a trained head in bfloat16) into ours. "
                    "Nothing is written at DST unless the whole conversion succeeds.")
     p.add_argument("src", metavar="SRC", help="HF checkpoint directory, .gguf file, embedded "
                    "model name, or (with --head) a reference draft-head directory")
@@ -80,7 +94,7 @@ def _convert_parser(sub) -> None:
                    help="dtype the weights are stored in (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     p.add_argument("--head", action="store_true",
-                   help="SRC is a reference-format draft head, not a target model")
+                   help="SRC is a draft head, not a target model")
     p.set_defaults(run=run_convert)
 
 
@@ -91,8 +105,8 @@ def run_convert(args) -> None:
     if args.head:
         from jetspec_jax import head_io
 
-        dst = head_io.convert_reference_head(args.src, args.dst, dtype=dtype,
-                                             overwrite=args.overwrite, progress=True)
+        dst = head_io.convert_head(args.src, args.dst, dtype=dtype, overwrite=args.overwrite,
+                                   progress=True)
     else:
         from jetspec_jax.convert import convert
 
@@ -127,12 +141,21 @@ def _model_flags(p, *, without_head: str) -> None:
                    help="tree builder: accum_logp (best nodes by path log-probability), top2gap "
                    "(branch where the draft is unsure), chain (a single path) "
                    "(default: %(default)s)")
+    p.add_argument("--draft-mode", choices=DRAFT_MODES, default="per_depth",
+                   help="per_depth: the tree from the head's per-depth guesses; path: then "
+                   "re-grown from a second head pass conditioned on each node's own path "
+                   "(docs/drafting_variants.md) (default: %(default)s)")
     p.add_argument("--attn-impl", choices=api.ATTN_IMPLS, default="auto",
                    help="attention implementation: auto picks the best GPU kernel, or the "
                    "XLA reference on CPU; the Pallas kernels (portable/triton, mosaic/hopper, "
                    "decode) need a GPU (default: %(default)s)")
     p.add_argument("--no-chat", action="store_true",
                    help="feed prompts as raw text instead of wrapping them in the chat template")
+    p.add_argument("--mesh", metavar="SPEC",
+                   help="shard the target and the head over the devices: 'tp=N' (tensor "
+                   "parallel: heads, MLP, vocab), 'tp=N,ep=M' (and experts), '1' (one device); "
+                   "the sizes multiply to the device count (default: one device; "
+                   "docs/sharding.md)")
 
 
 def _generate_parser(sub) -> None:
@@ -145,8 +168,11 @@ def _generate_parser(sub) -> None:
     _model_flags(p, without_head="else autoregressive")
     p.add_argument("--no-draft", action="store_true",
                    help="decode autoregressively even if a default draft head exists")
-    p.add_argument("--budget", type=int, metavar="N",
-                   help="tree nodes verified per round, 1..1024 (default: 64 on GPU, 16 on CPU)")
+    p.add_argument("--budget", type=budget_arg, metavar="N|auto",
+                   help="tree nodes verified per round, 1..1024, or 'auto': each round picks "
+                   f"a size from {'/'.join(map(str, api.AUTO_BUCKETS))} for the most expected "
+                   "tokens per second, from round costs measured once at start-up (default: "
+                   "64 on GPU, 16 on CPU)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sampling temperature; 0 means greedy decoding (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0, metavar="K",
@@ -169,8 +195,9 @@ def _bench_parser(sub) -> None:
                    "autoregressively back to back and prints tau, tok/s and the speedup. "
                    "Needs a draft head.")
     _model_flags(p, without_head="bench needs one")
-    p.add_argument("--budgets", type=int, nargs="+", default=[4, 8, 16, 32, 64],
-                   metavar="N", help="tree budgets to sweep (default: %(default)s)")
+    p.add_argument("--budgets", type=budget_arg, nargs="+", default=[4, 8, 16, 32, 64],
+                   metavar="N|auto", help="tree budgets to sweep; 'auto' for the adaptive budget "
+                   "(see generate --budget) (default: %(default)s)")
     p.add_argument("--out", metavar="FILE", help="also write the results as JSON")
     p.set_defaults(run=run_bench, no_draft=False)
 
@@ -184,7 +211,7 @@ def _prompts(args) -> list[str]:
 
 def _load(args, *, need_draft: bool):
     """-> (target, draft): --draft, else the shipped default head unless --no-draft, else None."""
-    target = api.load_target(args.model, dtype=args.dtype)
+    target = api.load_target(args.model, dtype=args.dtype, mesh=args.mesh)
     if args.draft:
         return target, api.load_draft(args.draft, target)
     if args.no_draft:
@@ -202,16 +229,16 @@ def _load(args, *, need_draft: bool):
 def run_generate(args) -> None:
     prompts = _prompts(args) or [BUILTIN_PROMPT]
     api.decoding_options(budget=args.budget, width=args.width, tree=args.tree,
-                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                         attn_impl=args.attn_impl)
+                         draft_mode=args.draft_mode, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, attn_impl=args.attn_impl)
     target, draft = _load(args, need_draft=False)
     if args.compare and draft is None:
         print("note: --compare needs a draft head; nothing to compare with", file=sys.stderr)
     result = api.generate(
         target, prompts, draft=draft, max_new_tokens=args.max_new_tokens, budget=args.budget,
-        width=args.width, tree=args.tree, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, chat=not args.no_chat, attn_impl=args.attn_impl,
-        compare_autoregressive=args.compare)
+        width=args.width, tree=args.tree, draft_mode=args.draft_mode,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        chat=not args.no_chat, attn_impl=args.attn_impl, compare_autoregressive=args.compare)
     for i, text in enumerate(result.texts):
         if len(result.texts) > 1:
             print(f"=== prompt {i} ===")
@@ -224,23 +251,27 @@ def run_bench(args) -> None:
     prompts = _prompts(args) or list(BENCH_PROMPTS)
     for budget in args.budgets:
         api.decoding_options(budget=budget, width=args.width, tree=args.tree,
-                             attn_impl=args.attn_impl)
+                             draft_mode=args.draft_mode, attn_impl=args.attn_impl)
     target, draft = _load(args, need_draft=True)
     rows = api.bench(target, prompts, draft=draft, budgets=args.budgets,
                      max_new_tokens=args.max_new_tokens, width=args.width, tree=args.tree,
-                     chat=not args.no_chat, attn_impl=args.attn_impl)
+                     draft_mode=args.draft_mode, chat=not args.no_chat,
+                     attn_impl=args.attn_impl)
     print(f"{target.name}, draft {draft.path}, {len(prompts)} prompts, "
-          f"{args.max_new_tokens} new tokens, tree {args.tree}, width {args.width}")
+          f"{args.max_new_tokens} new tokens, tree {args.tree}, width {args.width}, "
+          f"draft mode {args.draft_mode}")
     print(f"{'budget':>6} {'tau':>6} {'tok/s':>9} {'AR tok/s':>9} {'speedup':>8} identical")
     for r in rows:
         same = "yes" if r["identical"] else "NO"
-        print(f"{r['budget']:>6} {r['tau']:>6.2f} {r['tokens_per_s']:>9.1f} "
+        print(f"{r['budget']!s:>6} {r['tau']:>6.2f} {r['tokens_per_s']:>9.1f} "
               f"{r['ar_tokens_per_s']:>9.1f} {r['speedup']:>7.2f}x {same}")
+        if r["budget"] == "auto":
+            print(f"{'':>6} tree sizes chosen: {api.format_mix(r['bucket_mix'])}")
     if args.out:
         info = dict(model=args.model, draft=draft.path, prompts=prompts,
                     max_new_tokens=args.max_new_tokens, tree=args.tree, width=args.width,
-                    attn_impl=api.resolve_attn_impl(args.attn_impl), dtype=args.dtype,
-                    backend=jax.default_backend(), rows=rows)
+                    draft_mode=args.draft_mode, attn_impl=api.resolve_attn_impl(args.attn_impl),
+                    dtype=args.dtype, backend=jax.default_backend(), mesh=args.mesh, rows=rows)
         Path(args.out).write_text(json.dumps(info, indent=1))
         print(f"wrote {args.out}")
 
@@ -322,8 +353,15 @@ def _train_draft_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)")
     p.add_argument("--gamma", type=float, default=d.gamma,
                    help="per-depth loss weight exp(-(d-1)/gamma) (default: %(default)s)")
+    p.add_argument("--prefix-fill", type=float, default=d.prefix_fill, metavar="P",
+                   help="probability in [0, 1] that a training block holds a prefix of true "
+                   "tokens, for --draft-mode path; jetspec and dflash heads only "
+                   "(default: %(default)s)")
     p.add_argument("--dtype", choices=sorted(api.DTYPES), default="float32",
                    help="dtype of the target's weights (default: %(default)s)")
+    p.add_argument("--time-limit", type=float, metavar="MINUTES",
+                   help="stop after this many minutes: checkpoint (a rerun resumes) and write "
+                   "the head so far, marked incomplete")
     p.set_defaults(run=run_train_draft)
 
 
@@ -336,8 +374,10 @@ def run_train_draft(args) -> None:
     values = {k: v for k, v in vars(args).items() if k in fields}
     cfg = TrainConfig(data_dir=args.data, eval_dir=args.eval_data, out_dir=args.out, **values)
     target = api.load_target(args.model, dtype=args.dtype)
-    result = train(cfg, target.params, target.cfg)
-    print(f"trained {result.step} steps; head written to {result.out_dir / 'head'}")
+    limit = args.time_limit * 60 if args.time_limit else None
+    result = train(cfg, target.params, target.cfg, time_limit=limit)
+    done = "" if result.step == cfg.steps else f" of {cfg.steps} (time limit)"
+    print(f"trained {result.step} steps{done}; head written to {result.out_dir / 'head'}")
 
 
 if __name__ == "__main__":

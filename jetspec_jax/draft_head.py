@@ -106,7 +106,9 @@ def draft_specs(dcfg: DraftConfig) -> dict:
         "norm": ParamSpec((d,), ("embed",), "ones"),
     }
     if dcfg.mask_token_id is None:
-        specs["mask_embed"] = ParamSpec((d,), ("embed",), "normal", 1)
+        # std 1/sqrt(D), a token embedding's scale: a unit-variance vector would outweigh the
+        # block's other inputs in the residual stream and every slot would draft the same token.
+        specs["mask_embed"] = ParamSpec((d,), ("embed",), "normal", d)
     return specs
 
 

@@ -47,7 +47,7 @@ from jetspec_jax.draft_head import DraftConfig, default_tap_layers, draft_specs
 from jetspec_jax.params import check_params
 
 __all__ = [
-    "KIND", "CheckpointError", "ConversionError", "check_head_fits", "convert_reference_head",
+    "KIND", "CheckpointError", "ConversionError", "check_head_fits", "convert_head",
     "head_config_from_reference", "is_reference_head", "load_any_draft", "load_draft",
     "load_reference_head", "save_draft",
 ]
@@ -314,11 +314,19 @@ def load_any_draft(path: str | Path, *, dtype=None, target: ModelConfig | None =
     return dcfg, params
 
 
-def convert_reference_head(src: str | Path, dst: str | Path, *, dtype=None,
-                           overwrite: bool = False, progress: bool = False) -> Path:
-    """A reference head directory -> our checkpoint at dst (written atomically)."""
-    dcfg, params = load_reference_head(src, dtype=dtype, progress=progress)
-    return save_draft(dst, params, dcfg, metadata={"source": str(src)}, overwrite=overwrite)
+def convert_head(src: str | Path, dst: str | Path, *, dtype=None, overwrite: bool = False,
+                 progress: bool = False, metadata: dict[str, Any] | None = None) -> Path:
+    """A reference head directory or one of ours (e.g. a trained head in float32, to ship in
+    bfloat16) -> our checkpoint at dst (written atomically). Our own head's metadata (its
+    training settings) is kept; `metadata` adds to it."""
+    dcfg, params = load_any_draft(src, dtype=dtype, progress=progress)
+    root = Path(src) if Path(src).is_dir() else Path(src).parent
+    kept = {}
+    if (root / "metadata.json").exists():
+        kept = {k: v for k, v in read_info(root, KIND)[1].items()
+                if k not in ("kind", "format", "dtypes")}
+    return save_draft(dst, params, dcfg, metadata={**kept, "source": str(src), **(metadata or {})},
+                      overwrite=overwrite)
 
 
 def check_head_fits(dcfg: DraftConfig, tcfg: ModelConfig) -> None:

@@ -20,7 +20,7 @@ from jetspec_jax.checkpoint import CheckpointError, save_target
 from jetspec_jax.convert import ConversionError
 from jetspec_jax.decode import ar_generate
 from jetspec_jax.draft_head import default_tap_layers
-from jetspec_jax.head_io import (check_head_fits, convert_reference_head, load_any_draft,
+from jetspec_jax.head_io import (check_head_fits, convert_head, load_any_draft,
                                  load_draft, load_reference_head, save_draft)
 from jetspec_jax.sampling import Sampler
 from jetspec_jax.speculative import TreeSpec, spec_generate
@@ -159,15 +159,36 @@ def test_save_load_round_trip(tmp_path, mask_token_id, dtype):
     assert json.loads((tmp_path / "d" / "metadata.json").read_text())["note"] == "hi"
 
 
+def test_checkpoint_saved_on_another_device_loads_here(tmp_path):
+    """orbax records each array's device; a head trained on a GPU must load on a CPU."""
+    tcfg, _ = tiny_target()
+    dcfg, dp = tiny_head(tcfg)
+    save_draft(tmp_path / "d", dp, dcfg)
+    stored = tmp_path / "d" / "params" / "_sharding"
+    text = stored.read_text()
+    assert "cpu:0" in text  # the device recorded at save time
+    stored.write_text(text.replace("cpu:0", "cuda:0"))
+    tree_equal(load_draft(tmp_path / "d")[1], dp)
+
+
 def test_reference_to_ours_round_trip(tmp_path):
     src = make_head(tmp_path, "ref", dtype=ml_dtypes.bfloat16)
     dcfg, dp = load_reference_head(src)
-    convert_reference_head(src, tmp_path / "ours")
+    convert_head(src, tmp_path / "ours")
     dcfg2, dp2 = load_draft(tmp_path / "ours")
     assert dcfg2 == dcfg
     tree_equal(dp2, dp)
     meta = json.loads((tmp_path / "ours" / "metadata.json").read_text())
     assert meta["kind"] == "draft_head" and meta["source"] == str(src)
+    # One of ours converts too: a float32 head stored in bfloat16 (how a trained head ships).
+    convert_head(tmp_path / "ours", tmp_path / "ours-f32", dtype=jnp.float32,
+                 metadata={"steps": 3})
+    convert_head(tmp_path / "ours-f32", tmp_path / "ours-bf16", dtype=jnp.bfloat16)
+    meta = json.loads((tmp_path / "ours-bf16" / "metadata.json").read_text())
+    assert meta["steps"] == 3 and meta["source"] == str(tmp_path / "ours-f32")  # kept, updated
+    _, dp3 = load_draft(tmp_path / "ours-bf16")
+    assert {x.dtype for x in jax.tree.leaves(dp3)} == {jnp.dtype(jnp.bfloat16)}
+    tree_equal(dp3, jax.tree.map(lambda x: x.astype(jnp.bfloat16), dp))
 
 
 def test_failed_save_leaves_nothing(tmp_path):

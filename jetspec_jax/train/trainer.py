@@ -12,7 +12,9 @@ multiple of log_every: a log window restarts at a resume). With `feature_dir` (a
 target: taps and a top-K teacher come from the cache (`loss.cached_teacher_outputs`); held-out
 KL then uses `eval_feature_dir` when given (else the online target), and tau always runs the
 real target. Heads: "jetspec" (causal block),
-"dflash" (bidirectional block, same architecture), "eagle" (`eagle.py`). Writes under out_dir:
+"dflash" (bidirectional block, same architecture), "eagle" (`eagle.py`). `prefix_fill` > 0
+(block heads) gives that fraction of training blocks a true-token prefix (`prefix_fill.py`,
+for path-conditioned drafting); held-out KL always uses plain blocks. Writes under out_dir:
   metrics.jsonl   {"step", "loss", "kl" [J], "acc" [J], "lr", "grad_norm", "time"} per log
                   window; eval rows add {"eval": {"loss", "kl", "acc", "tau"}}
   checkpoints/    the last `keep_ckpts` train states
@@ -69,6 +71,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     gamma: float | None = 7.0
+    prefix_fill: float = 0.0  # probability that a block gets a true-token prefix (block heads)
     seed: int = 0
     # bookkeeping
     log_every: int = 10
@@ -90,6 +93,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.eval_feature_dir and not (self.feature_dir and self.eval_dir):
             raise ValueError("eval_feature_dir needs feature_dir and eval_dir")
+        if not 0.0 <= self.prefix_fill <= 1.0:
+            raise ValueError(f"prefix_fill must be in [0, 1], got {self.prefix_fill}")
+        if self.prefix_fill > 0 and self.head == "eagle":
+            raise ValueError("prefix_fill needs a block head (jetspec or dflash); the eagle "
+                             f"head drafts a chain, got prefix_fill={self.prefix_fill}")
 
     def draft_config(self, tcfg: ModelConfig) -> DraftConfig | eagle.EagleConfig:
         if self.head == "eagle":
@@ -155,14 +163,15 @@ def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: DraftConfig | eagle.Ea
     cached taps and top-K teacher (`features.load_features`) and the target is not run."""
     teacher = cached_teacher_outputs if cached else teacher_outputs
 
-    def loss_and_metrics(dparams, tparams, batch, key):
+    def loss_and_metrics(dparams, tparams, batch, key, prefix_fill=0.0):
         teach = teacher(tparams, tcfg, dcfg, batch, key, cfg.num_anchors)
-        return head_loss(dparams, dcfg, tparams, tcfg, batch["tokens"], teach, cfg.gamma)
+        return head_loss(dparams, dcfg, tparams, tcfg, batch["tokens"], teach, cfg.gamma,
+                         key=jax.random.fold_in(key, 1), prefix_fill=prefix_fill)
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def train_step(dparams, opt_state, tparams, batch, key):
         (loss, m), grads = jax.value_and_grad(loss_and_metrics, has_aux=True)(
-            dparams, tparams, batch, key)
+            dparams, tparams, batch, key, cfg.prefix_fill)
         updates, opt_state = tx.update(grads, opt_state, dparams)
         return (optax.apply_updates(dparams, updates), opt_state,
                 {"loss": loss, "grad_norm": optax.tree.norm(grads), **m})
@@ -219,9 +228,11 @@ def mean_accepted_length(cfg: TrainConfig, tcfg, dcfg, dparams, tparams, data) -
 
 
 def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | None = None,
-          progress: bool = True) -> TrainResult:
+          time_limit: float | None = None, progress: bool = True) -> TrainResult:
     """Trains (or resumes training of) a head; `stop_after` ends the run early at that step,
-    as an interruption would (tests and time-sliced jobs)."""
+    as an interruption would (tests and time-sliced jobs). `time_limit` (seconds of this call)
+    ends it at the first step past the limit: a checkpoint is saved (a rerun resumes there)
+    and the head so far is written, marked incomplete in its metadata."""
     out = Path(cfg.out_dir)
     dcfg = cfg.draft_config(tcfg)
     specs = eagle.eagle_specs(dcfg) if cfg.head == "eagle" else draft_specs(dcfg)
@@ -256,7 +267,8 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
     base_key = jax.random.key(cfg.seed + 1)
     start, window = time.time() - elapsed, []
     bar = tqdm(total=cfg.steps, initial=step, desc="train head", disable=not progress)
-    while step < cfg.steps and (stop_after is None or step < stop_after):
+    deadline, out_of_time = (time.time() + time_limit if time_limit else None), False
+    while step < cfg.steps and not out_of_time and (stop_after is None or step < stop_after):
         batch = {k: jnp.asarray(v[sampler.next()]) for k, v in data.items()}
         dparams, opt_state, m = train_step(dparams, opt_state, tparams, batch,
                                            jax.random.fold_in(base_key, step))
@@ -272,17 +284,20 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
             row["eval"] = evaluate(cfg, tcfg, dcfg, eval_step, dparams, tparams, eval_data)
         if row:
             log.write({"step": step, **row, "time": time.time() - start})
-        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+        out_of_time = bool(deadline) and time.time() > deadline
+        if step % cfg.ckpt_every == 0 or step == cfg.steps or out_of_time:
             save_state(out / "checkpoints", step, {"params": dparams, "opt_state": opt_state},
                        dataclasses.asdict(cfg), {"data_sampler": sampler.state(),
                                                  "elapsed": time.time() - start,
                                                  "draft_config": dcfg.to_dict()},
                        cfg.keep_ckpts)
     bar.close()
-    if step == cfg.steps:
+    timed_out = out_of_time and step < cfg.steps
+    if step == cfg.steps or timed_out:
         save = eagle.save_eagle if cfg.head == "eagle" else save_draft
         save(out / "head", dparams, dcfg, overwrite=True,
-             metadata={"steps": step, "train_config": dataclasses.asdict(cfg)})
+             metadata={"steps": step, "complete": not timed_out,
+                       "train_config": dataclasses.asdict(cfg)})
     return TrainResult(dparams=dparams, dcfg=dcfg, step=step, out_dir=out)
 
 
