@@ -11,6 +11,7 @@ speedup = tau * t(AR step) / t(round). They are projections, and the table says 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -43,6 +44,19 @@ def timed(fn, repeats=15):
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def per_iteration(loop, *args, short=4, long=20):
+    """Seconds per iteration of `loop(*args, n)` (a compiled loop of n steps): the difference
+    of a long and a short run, so dispatch and argument handling cancel (median of 3 each)."""
+    def run(n):
+        t = time.perf_counter()
+        jax.block_until_ready(loop(*args, n))
+        return time.perf_counter() - t
+
+    run(short)
+    return (statistics.median(run(long) for _ in range(3))
+            - statistics.median(run(short) for _ in range(3))) / (long - short)
 
 
 def check_kernels(dtype):
@@ -102,8 +116,9 @@ def round_phases(tcfg, tp, dcfg, dp, state, spec, batch):
 
 
 def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool):
-    """One AR step and one whole speculative round per budget (one compiled program each);
-    with phases, also the round's parts compiled alone."""
+    """One AR step and one whole speculative round per budget, each timed inside a compiled
+    loop (as `spec_generate` and `ar_generate` run them); with phases, also the round's parts
+    compiled alone and timed per call (those include the per-call dispatch)."""
     num_slots = context + 1024
     prompt = jax.random.randint(jax.random.key(2), (batch, context), 0, tcfg.vocab_size,
                                 jnp.int32)
@@ -113,17 +128,24 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool):
         num_slots=num_slots, attn_impl="auto", cache_dtype=jnp.bfloat16))
     state = make_state(tp, dp, prompt, lens, jax.random.key(0))
     jax.block_until_ready(state)
-    ar, ar_compile = compiled(lambda tp, c, t: decode_step(
-        tp, tcfg, c, t, jax.random.key(0), GREEDY, jnp.zeros((batch,), bool), "auto"),
-        tp, state.cache, state.anchor)
-    t_ar = timed(lambda: ar(tp, state.cache, state.anchor))
+    done = jnp.zeros((batch,), bool)
+
+    def ar_steps(tp, cache, last, n):
+        step = lambda i, c: decode_step(tp, tcfg, c[1], c[0], jax.random.key(0), GREEDY, done,  # noqa: E731
+                                        "auto")
+        return jax.lax.fori_loop(0, n, step, (last, cache))
+
+    ar, ar_compile = compiled(ar_steps, tp, state.cache, state.anchor, 1)
+    t_ar = per_iteration(ar, tp, state.cache, state.anchor)
     rows = []
     for budget in budgets:
         spec = TreeSpec(budget, 7)
-        round_fn, compile_s = compiled(lambda tp, dp, s: speculative_round(
-            tp, tcfg, dp, dcfg, s, tree_spec=spec, sampler=GREEDY, stop_ids=(), max_new=512,
-            attn_impl="auto"), tp, dp, state)
-        t_round = timed(lambda: round_fn(tp, dp, state))
+        one_round = functools.partial(speculative_round, tree_spec=spec, sampler=GREEDY,
+                                      stop_ids=(), max_new=512, attn_impl="auto")
+        rounds = lambda tp, dp, s, n: jax.lax.fori_loop(  # noqa: E731
+            0, n, lambda i, s: one_round(tp, tcfg, dp, dcfg, s), s)
+        round_fn, compile_s = compiled(rounds, tp, dp, state, 1)
+        t_round = per_iteration(round_fn, tp, dp, state)
         row = {"model": tcfg.name, "batch": batch, "context": context, "budget": budget,
                "ar_step_ms": t_ar * 1e3, "ar_compile_s": ar_compile, "round_ms": t_round * 1e3,
                "round_over_ar": t_round / t_ar, "round_compile_s": compile_s,
