@@ -42,7 +42,8 @@ from pallas_kernels.tree_attention.api import IMPLEMENTATIONS
 DEFAULT_MODEL = "smollm2-135m"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTN_IMPLS = ("auto", *IMPLEMENTATIONS)
-AUTO_BUCKETS = adaptive.DEFAULT_BUCKETS  # the tree sizes budget="auto" picks from each round
+AUTO_BUCKETS = None  # tree sizes budget="auto" picks from each round; None: `auto_buckets()`
+CPU_BUCKETS = (4, 8, 16, 32)  # a CPU's best fixed budget was 8 (docs/benchmarks.md)
 _NO_GPU_IMPLS = ("auto", "reference", "xla")
 # Where shipped heads live: the repository's checkpoints/ (editable install), or the package's.
 CHECKPOINT_DIRS = (Path(__file__).resolve().parent.parent / "checkpoints",
@@ -189,6 +190,14 @@ def resolve_attn_impl(attn_impl: str) -> str:
     return "reference"
 
 
+def auto_buckets() -> tuple[int, ...]:
+    """The tree sizes of budget="auto": AUTO_BUCKETS when set, else 16..256 on a GPU and
+    4..32 on a CPU, where verifying costs nearly linearly in nodes."""
+    if AUTO_BUCKETS is not None:
+        return tuple(AUTO_BUCKETS)
+    return adaptive.DEFAULT_BUCKETS if jax.default_backend() == "gpu" else CPU_BUCKETS
+
+
 def default_budget() -> int:
     """Tree nodes per round. A GPU verifies 64 nodes for about the cost of one token. On the
     CPU verifying costs nearly linearly in nodes: with the shipped SmolLM2 head, budget 8 was the
@@ -199,7 +208,7 @@ def default_budget() -> int:
 @dataclasses.dataclass(frozen=True)
 class Options:
     sampler: Sampler
-    tree_spec: TreeSpec  # auto: budget max(AUTO_BUCKETS); buckets come with the measured costs
+    tree_spec: TreeSpec  # auto: budget max(auto_buckets()); buckets come with measured costs
     attn_impl: str  # resolved for this machine
     auto: bool = False  # budget="auto"
 
@@ -212,7 +221,7 @@ def decoding_options(*, budget=None, width=7, tree="accum_logp", draft_mode="per
         raise ValueError(f"budget must be a number of tree nodes or 'auto', got {budget!r}")
     if budget is None:
         budget = default_budget()
-    spec = TreeSpec(max(AUTO_BUCKETS) if auto else budget, width, tree, draft_mode)
+    spec = TreeSpec(max(auto_buckets()) if auto else budget, width, tree, draft_mode)
     return Options(Sampler(temperature, top_k, top_p), spec, resolve_attn_impl(attn_impl), auto)
 
 
@@ -331,18 +340,18 @@ _COSTS: dict = {}  # (configs, dtypes, batch shape, tree options, attention, mes
 
 def adaptive_spec(target: Target, draft: Draft, tparams, dparams, prompt, spec: TreeSpec,
                   attn_impl: str, mesh) -> tuple[TreeSpec, float]:
-    """budget="auto": the adaptive TreeSpec over AUTO_BUCKETS. A round's cost per bucket is
+    """budget="auto": the adaptive TreeSpec over `auto_buckets()`. A round's cost per bucket is
     measured once per (target, head, batch shape, tree options) and kept, as compiled code is
     (`adaptive.measure_costs`: it depends on shapes, not weights). -> (spec, seconds spent
     measuring, 0 when cached)."""
     key = (target.cfg, target.dtype, draft.dcfg, dparams["fc"].dtype, prompt.shape,
-           spec.width, spec.method, spec.draft_mode, attn_impl, mesh, AUTO_BUCKETS)
+           spec.width, spec.method, spec.draft_mode, attn_impl, mesh, auto_buckets())
     seconds = 0.0
     if key not in _COSTS:
         start = time.perf_counter()
         with sharding.use(mesh):
             _COSTS[key] = adaptive.measure_costs(
-                tparams, target.cfg, dparams, draft.dcfg, buckets=AUTO_BUCKETS,
+                tparams, target.cfg, dparams, draft.dcfg, buckets=auto_buckets(),
                 width=spec.width, method=spec.method, draft_mode=spec.draft_mode,
                 batch=prompt.shape[0], context_len=prompt.shape[1], attn_impl=attn_impl,
                 cache_dtype=target.dtype)
@@ -478,7 +487,7 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
     """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
 
     budget: tree nodes per round (None: `default_budget()`), or "auto": each round picks its
-    tree size from AUTO_BUCKETS by expected tokens per second (`adaptive_spec`);
+    tree size from `auto_buckets()` by expected tokens per second (`adaptive_spec`);
     draft_mode: "per_depth" or "path" (path-conditioned trees, docs/drafting_variants.md);
     chat: wrap text prompts in the chat template; stop_ids: None means the tokenizer's eos
     ids; compare_autoregressive: also time autoregressive decoding of the same batch (with a

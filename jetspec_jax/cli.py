@@ -22,7 +22,7 @@ from pathlib import Path
 
 import jax
 
-from jetspec_jax import api
+from jetspec_jax import adaptive, api
 from jetspec_jax.speculative import DRAFT_MODES
 
 BUILTIN_PROMPT = "Explain in three sentences why the sky is blue."
@@ -170,9 +170,10 @@ def _generate_parser(sub) -> None:
                    help="decode autoregressively even if a default draft head exists")
     p.add_argument("--budget", type=budget_arg, metavar="N|auto",
                    help="tree nodes verified per round, 1..1024, or 'auto': each round picks "
-                   f"a size from {'/'.join(map(str, api.AUTO_BUCKETS))} for the most expected "
+                   f"a size from {'/'.join(map(str, adaptive.DEFAULT_BUCKETS))} on a GPU, "
+                   f"{'/'.join(map(str, api.CPU_BUCKETS))} on a CPU, for the most expected "
                    "tokens per second, from round costs measured once at start-up (default: "
-                   "64 on GPU, 16 on CPU)")
+                   "64 on GPU, 8 on CPU)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sampling temperature; 0 means greedy decoding (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0, metavar="K",
