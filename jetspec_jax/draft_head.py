@@ -138,15 +138,18 @@ def extend_context(dparams, dcfg: DraftConfig, cache: KVCache, taps, num_new) ->
     return KVCache(k=new_k, v=new_v, lengths=cache.lengths + num_new.astype(jnp.int32))
 
 
+def mask_inputs(dparams, dcfg: DraftConfig, tparams, shape):
+    """MASK-slot embeddings [*shape, D]: the head's learned vector or the reserved token's."""
+    if dcfg.mask_token_id is None:
+        d = dparams["mask_embed"].shape[-1]
+        return jnp.broadcast_to(dparams["mask_embed"].astype(tparams["embed"].dtype), (*shape, d))
+    return target.embed(tparams, jnp.full(shape, dcfg.mask_token_id))
+
+
 def block_inputs(dparams, dcfg: DraftConfig, tparams, anchor):
     """Embeddings [B, blk, D] of [anchor, MASK, ..., MASK]."""
-    b = anchor.shape[0]
     first = target.embed(tparams, anchor[:, None])
-    if dcfg.mask_token_id is None:
-        mask = jnp.broadcast_to(dparams["mask_embed"].astype(first.dtype),
-                                (b, dcfg.block_size - 1, first.shape[-1]))
-    else:
-        mask = target.embed(tparams, jnp.full((b, dcfg.block_size - 1), dcfg.mask_token_id))
+    mask = mask_inputs(dparams, dcfg, tparams, (anchor.shape[0], dcfg.block_size - 1))
     return jnp.concatenate([first, mask], axis=1)
 
 
@@ -156,19 +159,15 @@ def block_mask(dcfg: DraftConfig, batch: int):
     return jnp.broadcast_to(inside, (batch, blk, blk))
 
 
-def draft_block(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: KVCache, anchor,
-                *, attn_impl="reference"):
-    """One forward of the block [anchor, MASK...] against the cached context.
-
-    Returns draft logits [B, blk-1, V] for depths 1..blk-1 (float32). The block's K/V are
-    written after the context but lengths are not advanced, so the next round overwrites them.
-    """
+def head_hidden(dparams, dcfg: DraftConfig, cache: KVCache, x, positions, mask, *,
+                attn_impl="reference"):
+    """The draft layers over new slots x [B, T, D] at positions [B, T] against the cached
+    context; mask [B, T, T] says which new slots each slot sees. -> final-normed states
+    [B, T, D]. The new K/V are written after the context but lengths are not advanced, so the
+    next round overwrites them. Serves the block (`draft_block`) and the path-conditioned pass
+    (`path_draft.py`)."""
     cfg = dcfg.layers
-    x = block_inputs(dparams, dcfg, tparams, anchor)
-    b, blk = x.shape[:2]
     start = cache.lengths
-    positions = start[:, None] + jnp.arange(blk, dtype=jnp.int32)
-    mask = block_mask(dcfg, b)
     for p, kc, vc in zip(dparams["layers"], cache.k, cache.v):
         h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
         q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
@@ -178,6 +177,16 @@ def draft_block(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: K
         attn = cache_attention(q, kc, vc, start, mask, impl=attn_impl)
         x = x + jnp.einsum("BTNH,NHD->BTD", attn, p["o"])
         x = x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
-    x = rms_norm(x, dparams["norm"], cfg.rms_norm_eps)
-    return target.lm_head(tparams, tcfg, x[:, 1:])
+    return rms_norm(x, dparams["norm"], cfg.rms_norm_eps)
 
+
+def draft_block(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: KVCache, anchor,
+                *, attn_impl="reference"):
+    """One forward of the block [anchor, MASK...] against the cached context.
+
+    Returns draft logits [B, blk-1, V] for depths 1..blk-1 (float32)."""
+    b, blk = anchor.shape[0], dcfg.block_size
+    positions = cache.lengths[:, None] + jnp.arange(blk, dtype=jnp.int32)
+    x = head_hidden(dparams, dcfg, cache, block_inputs(dparams, dcfg, tparams, anchor),
+                    positions, block_mask(dcfg, b), attn_impl=attn_impl)
+    return target.lm_head(tparams, tcfg, x[:, 1:])

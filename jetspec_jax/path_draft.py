@@ -42,41 +42,18 @@ import jax
 import jax.numpy as jnp
 
 from jetspec_jax import draft_head, target
-from jetspec_jax.cache import KVCache, write_slots
+from jetspec_jax.cache import KVCache
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.draft_head import DraftConfig
-from jetspec_jax.layers import rms_norm, rope
 from jetspec_jax.tree import DraftTree, ancestor_matrix
-from pallas_kernels.tree_attention import cache_attention
-
-
-def head_hidden(dparams, dcfg: DraftConfig, cache: KVCache, x, positions, mask, *,
-                attn_impl="reference"):
-    """The draft layers over inputs x [B, T, D] at positions [B, T] against the cached context;
-    mask [B, T, T] says which new slots each slot sees. -> final-normed states [B, T, D].
-
-    `draft_block` is this with x = [anchor, MASK...] and the block mask (tested equal). The new
-    K/V are written after the context; lengths are not advanced."""
-    cfg = dcfg.layers
-    start = cache.lengths
-    for p, kc, vc in zip(dparams["layers"], cache.k, cache.v):
-        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-        q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
-        q = rope(q, positions, cfg.rope_theta)
-        k, v = draft_head.key_value(p, cfg, h, positions)
-        kc, vc = write_slots(kc, k, start), write_slots(vc, v, start)
-        attn = cache_attention(q, kc, vc, start, mask, impl=attn_impl)
-        x = x + jnp.einsum("BTNH,NHD->BTD", attn, p["o"])
-        x = x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
-    return rms_norm(x, dparams["norm"], cfg.rms_norm_eps)
 
 
 def tree_inputs(dparams, dcfg: DraftConfig, tparams, tree: DraftTree, context_len):
     """Inputs of the second pass (see the module docstring): node slots then probe slots.
     -> x [B, 2N, D], positions [B, 2N], mask [B, 2N, 2N]."""
     nodes = target.embed(tparams, tree.tokens)  # [B, N, D]
-    mask_embed = draft_head.block_inputs(dparams, dcfg, tparams, tree.tokens[:, 0])[:, 1:2]
-    x = jnp.concatenate([nodes, jnp.broadcast_to(mask_embed, nodes.shape)], axis=1)
+    probes = draft_head.mask_inputs(dparams, dcfg, tparams, tree.tokens.shape)  # [B, N, D]
+    x = jnp.concatenate([nodes, probes], axis=1)
     pos = tree.positions(context_len)  # [B, N]
     anc = tree.ancestors  # [B, N, N]
     eye = jnp.broadcast_to(jnp.eye(anc.shape[-1], dtype=bool), anc.shape)
@@ -89,7 +66,8 @@ def conditional_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, c
                        tree: DraftTree, *, attn_impl="reference"):
     """float32 logits [B, N, V] of the token after each node given its path (probe slots)."""
     x, positions, mask = tree_inputs(dparams, dcfg, tparams, tree, cache.lengths)
-    hidden = head_hidden(dparams, dcfg, cache, x, positions, mask, attn_impl=attn_impl)
+    hidden = draft_head.head_hidden(dparams, dcfg, cache, x, positions, mask,
+                                    attn_impl=attn_impl)
     return target.lm_head(tparams, tcfg, hidden[:, tree.tokens.shape[1]:])
 
 

@@ -26,7 +26,7 @@ from jetspec_jax.tree import ancestor_matrix, build_trees, topk_from_logits
 
 ATOL = 2e-5
 # Jitted once per config: eager op-by-op dispatch is what costs time on the CPU.
-jit_head_hidden = jax.jit(path_draft.head_hidden, static_argnums=1)
+jit_head_hidden = jax.jit(draft_head.head_hidden, static_argnums=1)
 extend_context = jax.jit(draft_head.extend_context, static_argnums=1)
 
 
