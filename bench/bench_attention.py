@@ -201,7 +201,8 @@ def time_calls(fn, args, iters, warmup=3):
 
 def chained(fn, unroll):
     """unroll calls of fn inside one jit, each depending on the previous one (so none is
-    hoisted or overlapped), returning a scalar."""
+    hoisted or overlapped), returning a scalar and the last call's output (which equals
+    fn's own output unless an earlier one was non-finite)."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -212,7 +213,7 @@ def chained(fn, unroll):
             qi = q + (acc * 0).astype(q.dtype)
             out = lax.optimization_barrier(fn(qi, *rest))
             acc = acc + out[0, 0, 0, 0].astype(jnp.float32)
-        return acc
+        return acc, out
 
     return jax.jit(run)
 
@@ -260,9 +261,10 @@ def progress(what):
     PROGRESS["what"], PROGRESS["since"] = what, time.perf_counter()
 
 
-def start_watchdog(results, save, hang_s):
+def start_watchdog(results, save, hang_s, report=None):
     """If one variant runs for more than hang_s (a kernel hang), record it, write the JSON and
-    the table, and exit, so the results so far are not lost to the outer time limit."""
+    the table (`report(results)`, default `print_table`), and exit, so the results so far are
+    not lost to the outer time limit."""
     import threading
 
     def watch():
@@ -274,7 +276,7 @@ def start_watchdog(results, save, hang_s):
                 log(f"\nWATCHDOG: {results['hung']}")
                 try:
                     save()
-                    print_table(results)
+                    (report or print_table)(results)
                 finally:
                     os._exit(3)
 
@@ -373,62 +375,6 @@ def run_timing(stage, shapes, results, save, deadline, iters, unroll, skip_varia
         save()
 
 
-def tune_configs(kind):
-    from pallas_kernels.decode_attention.config import DecodeConfig
-    from pallas_kernels.tree_attention.config import MosaicConfig, PortableConfig
-
-    if kind == "portable":
-        return [PortableConfig(block_q=bq, block_k=bk, num_warps=w, num_stages=st)
-                for (bq, bk, w, st) in [(64, 64, 4, 3), (64, 128, 8, 3), (64, 32, 4, 4),
-                                        (128, 64, 8, 3), (32, 64, 4, 3), (16, 128, 4, 3)]]
-    if kind == "mosaic":
-        return [MosaicConfig(block_k=bk, stages=st) for (bk, st) in
-                [(64, 2), (64, 3), (64, 4), (128, 2), (128, 3)]]
-    return [DecodeConfig(block_k=bk, num_warps=w, num_stages=st, num_splits=ns)
-            for (bk, w, st, ns) in [(64, 4, 3, None), (128, 4, 3, None), (32, 4, 4, None),
-                                    (64, 8, 3, None), (64, 4, 3, 16), (64, 4, 3, 64)]]
-
-
-TUNE_SHAPES = [(1, 16, 32768), (1, 256, 8192), (1, 64, 2048), (1, 1, 32768), (8, 1, 8192)]
-
-
-def run_tune(results, save, deadline, iters, unroll):
-    """Times a few configs per kernel on a few hot shapes, while the time budget lasts."""
-    import jax.numpy as jnp
-
-    from pallas_kernels.decode_attention import decode_attention
-    from pallas_kernels.tree_attention.hopper import cache_attention_hopper
-    from pallas_kernels.tree_attention.portable import cache_attention_portable
-
-    fns = {"portable": cache_attention_portable, "mosaic": cache_attention_hopper,
-           "decode": decode_attention}
-    for (b, t, s) in TUNE_SHAPES:
-        q, k, v, p, m = make_inputs(7, b, t, N_HEADS, KV_HEADS, HEAD_DIM, s, [s - t] * b,
-                                    "causal" if t == 1 else "tree", jnp.bfloat16)
-        floor_us = b * KV_HEADS * s * HEAD_DIM * 2 * 2 / BANDWIDTH * 1e6
-        for kind in (["decode", "portable"] if t == 1 else ["portable", "mosaic"]):
-            for cfg in tune_configs(kind):
-                if time.perf_counter() > deadline:
-                    return
-                rec = dict(batch=b, T=t, S=s, kernel=kind, config=repr(cfg))
-                f = fns[kind]
-                if kind == "decode":
-                    fn = lambda q_, k_, v_, p_, m_, a_, f=f, c=cfg: f(q_, k_, v_, p_, config=c)  # noqa: E731
-                else:
-                    fn = lambda q_, k_, v_, p_, m_, a_, f=f, c=cfg: f(q_, k_, v_, p_, m_, config=c)  # noqa: E731
-                progress(f"tune B={b} T={t} S={s} {kind} {cfg}")
-                try:
-                    rec.update(bench_one(kind, fn, q, k, v, p, m, None, iters, unroll))
-                    rec["x_floor"] = round(rec["gpu_us"] / floor_us, 2)
-                except Exception as e:  # noqa: BLE001
-                    rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                results["tune"].append(rec)
-                log(f"tune B={b} T={t} S={s} {kind:9s} "
-                    + (f"gpu={rec['gpu_us']:9.1f}us x{rec['x_floor']}" if "gpu_us" in rec
-                       else rec.get("error", "")[:120]) + f"  {cfg}")
-            save()
-
-
 def print_table(results):
     for stage in ("verify", "decode"):
         rows = results.get(stage) or []
@@ -479,8 +425,6 @@ def main():
     ap.add_argument("--skip", default="", help="comma-separated variants to skip (check and timing)")
     ap.add_argument("--hang-s", type=float, default=150.0,
                     help="watchdog: abort (writing results) if one variant runs longer")
-    ap.add_argument("--no-tune", action="store_true",
-                    help="skip the config sweep that runs at the end while budget remains")
     ap.add_argument("--out", default=None)
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU: kernels in interpret mode on tiny shapes (tests this script)")
@@ -504,7 +448,7 @@ def main():
         device=str(getattr(dev, "device_kind", dev)),
         compute_capability=str(getattr(dev, "compute_capability", None)),
         jax=jax.__version__, python=platform.python_version(), bandwidth=BANDWIDTH,
-        args=vars(args), check=[], verify=[], decode=[], tune=[], errors=[])
+        args=vars(args), check=[], verify=[], decode=[], errors=[])
     log(f"device: {results['device']} cc={results['compute_capability']} jax {jax.__version__}")
 
     def save():
@@ -532,8 +476,6 @@ def main():
             db = DECODE_B if not args.dry_run else (1,)
             run_timing("decode", [(b, 1, s) for b in db for s in ds], results, save,
                        deadline, args.iters, args.unroll, skip)
-            if not args.no_tune and not args.dry_run:
-                run_tune(results, save, deadline, max(10, args.iters // 2), args.unroll)
     except Exception as e:  # noqa: BLE001
         results["errors"].append(f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}")
         log(results["errors"][-1])

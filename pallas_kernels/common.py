@@ -1,7 +1,11 @@
 """Helpers shared by the attention kernels: GQA row packing, split-K combination, device info."""
 
 import functools
+import json
 import math
+import os
+import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -72,16 +76,80 @@ def num_sms() -> int:
     return device_info()[2]
 
 
+SMEM_PER_SM = 228 * 1024  # shared memory per SM on sm_90; each CTA also reserves 1 KiB
+
+
+def ctas_per_sm(smem_bytes: int) -> int:
+    """CTAs that fit on one SM by shared memory (1 to 4)."""
+    return max(1, min(4, SMEM_PER_SM // (smem_bytes + 1024)))
+
+
 def auto_num_splits(programs: int, kv_len: int, block_k: int, *, sms: int | None = None,
-                    min_blocks_per_split: int = 2, max_splits: int = 64) -> int:
-    """Split-K factor so that programs * splits covers the GPU about twice, while each split
-    still gets at least `min_blocks_per_split` KV blocks of the (static) cache length."""
-    sms = num_sms() if sms is None else sms
+                    ctas: int = 1, min_blocks_per_split: int = 2, max_splits: int = 64) -> int:
+    """Split-K factor so that programs * splits covers the GPU's resident CTA slots (sms *
+    ctas per SM) about twice, while each split still gets at least `min_blocks_per_split` KV
+    blocks of the (static) cache length."""
+    sms = (num_sms() if sms is None else sms) * max(1, ctas)
     if programs >= sms:
         return 1
     want = cdiv(2 * sms, programs)
     cap = max(1, kv_len // (block_k * min_blocks_per_split))
     return int(max(1, min(want, cap, max_splits)))
+
+
+@functools.cache
+def device_tag() -> str | None:
+    """Short name of the default GPU for tuned-config files ("NVIDIA H200" -> "h200"); None
+    off-GPU."""
+    try:
+        d = jax.devices()[0]
+    except Exception:  # pragma: no cover
+        return None
+    if d.platform != "gpu":
+        return None
+    kind = re.sub(r"[^a-z0-9]+", "_", str(getattr(d, "device_kind", "")).lower()).strip("_")
+    return kind.removeprefix("nvidia_") or None
+
+
+def tuned_path(op_dir: str | os.PathLike) -> Path | None:
+    """`<op_dir>/tuned_<device tag>.json` (written by bench/tune_attention.py), or None."""
+    tag = device_tag()
+    return None if tag is None else Path(op_dir) / f"tuned_{tag}.json"
+
+
+@functools.cache
+def _load_tuned(path: str) -> tuple:
+    try:
+        return tuple(json.loads(Path(path).read_text()).get("entries", ()))
+    except (OSError, ValueError, AttributeError):
+        return ()
+
+
+def tuned_config(path, cls, *, kernel: str, batch: int, t: int, group: int, head_dim: int,
+                 kv_len: int, dtype):
+    """The tuned `cls` config for a shape from the JSON table at `path`, or None.
+
+    An entry serves a call when kernel, dtype, group G and head dim H are equal and batch and
+    T round up to the same power of two; among those, the one with the nearest cache length S
+    within a factor of 2 wins (S is tuned at a few lengths). Entries whose config does not
+    build (unknown field) are skipped."""
+    if path is None or not Path(path).is_file():
+        return None
+    want = dict(kernel=kernel, G=group, H=head_dim, dtype=str(jnp.dtype(dtype)),
+                batch=next_pow2(batch), T=next_pow2(t))
+    best, best_dist = None, 1.0
+    for e in _load_tuned(str(path)):
+        try:
+            key = dict(kernel=e["kernel"], G=e["G"], H=e["H"], dtype=e["dtype"],
+                       batch=next_pow2(e["batch"]), T=next_pow2(e["T"]))
+            dist = abs(math.log2(e["S"] / kv_len))
+            if key != want or dist > best_dist:
+                continue
+            cfg = cls(**e["config"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            continue
+        best, best_dist = cfg, dist
+    return best
 
 
 def kernel_dot(a, b, *, trans_b: bool = False, precision=None, upcast: bool = False):

@@ -19,8 +19,12 @@ from pallas_kernels.decode_attention.config import DecodeConfig
 from pallas_kernels.tree_attention import cache_attention
 from pallas_kernels.tree_attention import mask as mask_lib
 from pallas_kernels.tree_attention.api import auto_chain
-from pallas_kernels.tree_attention.config import MosaicConfig, PortableConfig, mosaic_config
+from pallas_kernels import common
+from pallas_kernels.decode_attention.config import decode_config
+from pallas_kernels.tree_attention.config import (MosaicConfig, PortableConfig, mosaic_config,
+                                                  portable_config)
 from pallas_kernels.tree_attention.hopper import cache_attention_hopper
+from pallas_kernels.tree_attention.hopper import default_config as hopper_default_config
 from pallas_kernels.tree_attention.portable import cache_attention_portable
 from pallas_kernels.tree_attention.reference import cache_attention_reference
 
@@ -179,6 +183,9 @@ HOPPER_CASES = [
     Case(2, 16, 1, 1, 64, 128, (5, 112), "causal"),
     Case(1, 1, 2, 4, 64, 128, (127,), "causal", splits=2),
     Case(1, 37, 1, 4, 128, 64, (0,), "causal"),  # prefill, S = one block
+    # Splits share full and masked blocks evenly: one split holds both kinds, one is empty.
+    Case(1, 37, 1, 4, 64, 512, (330,), "tree", splits=4),
+    Case(2, 16, 2, 4, 128, 320, (0, 250), "causal", splits=4),
 ]
 
 
@@ -191,10 +198,7 @@ def test_hopper_kernel(idx, case):
     vp = poison_beyond(v, prefix, case.t, -3e4)
     # Even cases: the default config for the shape (block_k 128 for head dim 64), odd: 64 / 3.
     if idx % 2 == 0:
-        cfg = mosaic_config(case.t * case.group, case.head_dim)
-        if case.slots % cfg.block_k:
-            cfg = dataclasses.replace(cfg, block_k=64)
-        cfg = dataclasses.replace(cfg, num_splits=case.splits)
+        cfg = dataclasses.replace(hopper_default_config(q, kp), num_splits=case.splits)
     else:
         cfg = MosaicConfig(block_k=64, stages=3, num_splits=case.splits)
     out = cache_attention_hopper(q, kp, vp, prefix, mask, config=cfg, interpret=True)
@@ -248,6 +252,85 @@ def test_decode_rejects_t_above_one():
     kc = jnp.zeros((1, 1, 64, 64))
     with pytest.raises(NotImplementedError):
         decode_attention(q, kc, kc, jnp.zeros((1,), jnp.int32), interpret=True)
+
+
+# ---------------------------------------------------------------- configs
+def test_auto_num_splits_counts_resident_ctas():
+    # 8 programs on 132 SMs: twice the CTA slots, capped by the blocks of the cache.
+    assert common.auto_num_splits(8, 32768, 64, sms=132) == 33
+    assert common.auto_num_splits(8, 32768, 64, sms=132, ctas=2) == 64  # max_splits
+    assert common.auto_num_splits(8, 1024, 64, sms=132, ctas=2) == 8  # 2 blocks per split
+    assert common.auto_num_splits(200, 32768, 64, sms=132) == 1
+    assert common.ctas_per_sm(2 * 1024) == 4 and common.ctas_per_sm(150 * 1024) == 1
+
+
+def test_tuned_table_lookup_and_fallback(tmp_path, monkeypatch):
+    import json
+
+    table = tmp_path / "tuned_test.json"
+    entry = dict(kernel="mosaic", batch=1, T=16, G=4, H=128, S=32768, dtype="bfloat16",
+                 config=dict(block_k=64, stages=2, num_splits=40))
+    bad = dict(entry, S=8192, config=dict(block_k=64, no_such_knob=1))  # skipped
+    dec = dict(kernel="decode", batch=8, T=1, G=4, H=128, S=8192, dtype="bfloat16",
+               config=dict(block_k=128, num_warps=8))
+    table.write_text(json.dumps({"entries": [entry, bad, dec]}))
+    monkeypatch.setattr(common, "tuned_path", lambda op_dir: table)
+    kw = dict(batch=1, num_queries=16, dtype=jnp.bfloat16)
+    tuned = MosaicConfig(block_k=64, stages=2, num_splits=40)
+    heuristic = mosaic_config(64, 128)
+    assert tuned != heuristic
+    assert mosaic_config(64, 128, kv_len=32768, **kw) == tuned
+    assert mosaic_config(64, 128, kv_len=20000, **kw) == tuned  # nearest S within 2x
+    assert mosaic_config(64, 128, kv_len=8192, **kw) == heuristic  # only the bad entry near
+    assert mosaic_config(60, 128, kv_len=32768, **dict(kw, num_queries=15)) == tuned  # T -> 16
+    assert mosaic_config(128, 128, kv_len=32768, **dict(kw, num_queries=32)) == heuristic
+    assert mosaic_config(64, 128, kv_len=32768, **dict(kw, dtype=jnp.float16)) == heuristic
+    assert portable_config(64, 128, kv_len=32768, **kw) == portable_config(64, 128)
+    assert decode_config(4, 128, batch=5, kv_len=8192, dtype=jnp.bfloat16) == DecodeConfig(
+        block_k=128, num_warps=8)
+    assert decode_config(4, 128, batch=1, kv_len=8192, dtype=jnp.bfloat16) == decode_config(4, 128)
+    # The Hopper kernel's default: the table's entry, with block_k 64 where S needs it.
+    table.write_text(json.dumps({"entries": [dict(entry, S=256, T=4, G=2, H=64,
+                                                  config=dict(block_k=128, stages=3))]}))
+    common._load_tuned.cache_clear()
+    q = jnp.zeros((1, 4, 4, 64), jnp.bfloat16)
+    kc = jnp.zeros((1, 2, 256, 64), jnp.bfloat16)
+    assert hopper_default_config(q, kc) == MosaicConfig(block_k=128, stages=3)
+    assert hopper_default_config(q, kc[:, :, :192]) == MosaicConfig(block_k=64, stages=3)
+    table.unlink()  # no file: heuristics
+    assert hopper_default_config(q, kc) == mosaic_config(8, 64)
+
+
+def test_tune_script_candidates_and_tables(tmp_path):
+    """bench/tune_attention.py: <= 8 distinct configs per kernel, the heuristic first; its
+    tables are read back by the loader (winners only when > 3% faster than the heuristic)."""
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    ta = importlib.import_module("tune_attention")
+    for kernel, t in [("portable", 256), ("mosaic", 16), ("decode", 1)]:
+        cands = ta.candidates(kernel, 1, t, 32768, ta.HEADS, False)
+        assert 4 <= len(cands) <= 8 and cands[0][0] == "heuristic"
+        assert len({c for _, c in cands}) == len(cands)
+    tuned = dict(block_k=64, stages=2, num_splits=64, pv_via_smem=False)
+
+    def shape(t, us):
+        cands = [dict(kernel="mosaic", label="heuristic", config={}, us=10.0),
+                 dict(kernel="mosaic", label="bk64_st2", config=tuned, us=us),
+                 dict(kernel="baseline", label="xla_ref", config=None, us=5.0)]
+        return dict(name="x", op="verify", B=1, T=t, S=32768, G=4, H=128, floor_us=1.0,
+                    compute_us=1.0, candidates=cands)
+
+    results = dict(device="test", jax="0", shapes=[shape(16, 8.0), shape(64, 9.9)])
+    (path,) = ta.write_tables(results, tmp_path)
+    assert Path(path) == tmp_path / "tree_attention" / "tuned_cpu.json"
+    assert len(json.loads(Path(path).read_text())["entries"]) == 1  # T=64: within 3%
+    kw = dict(kernel="mosaic", batch=1, group=4, head_dim=128, kv_len=32768, dtype=jnp.bfloat16)
+    assert common.tuned_config(path, MosaicConfig, t=16, **kw) == MosaicConfig(**tuned)
+    assert common.tuned_config(path, MosaicConfig, t=64, **kw) is None
 
 
 # ---------------------------------------------------------------- dispatcher

@@ -99,7 +99,7 @@ def decode_attention(q, k_cache, v_cache, prefix_len, block_mask=None, *,
     b, _, n, h = q.shape
     _, kh, s, _ = k_cache.shape
     g = n // kh
-    cfg = config or decode_config(g, h)
+    cfg = config or decode_config(g, h, batch=b, kv_len=s, dtype=q.dtype)
     bh = max(cfg.block_h, 16, common.next_pow2(g))
     hp = max(16, common.next_pow2(h))
     if s < cfg.block_k:  # tiny cache: pad it so that every (masked) block load stays in bounds

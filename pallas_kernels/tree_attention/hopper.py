@@ -7,10 +7,12 @@ one barrier per buffer for K and one for V. Per step: S = Q K^T (wgmma, f32 accu
 registers), online softmax in the exp2 domain, O += P V (wgmma with P from registers).
 
 The step sequence is [full prefix blocks | ragged prefix tail (masked slot < end) | block
-keys]. Block-key steps start at prefix_len + i * block_k, clamped to S - block_k so the copy
-never leaves the cache (columns that fall back into the prefix are masked out); visibility of
-block key j for row r comes from the bit-packed mask: rows' words are loaded from shared
-memory as row vectors and each column picks its word and bit.
+keys]; with split-K, each split takes an equal contiguous share of the whole sequence (masked
+blocks included, so the split that holds the block keys is not the slowest). Block-key steps
+start at prefix_len + i * block_k, clamped to S - block_k so the copy never leaves the cache
+(columns that fall back into the prefix are masked out); visibility of block key j for row r
+comes from the bit-packed mask: rows' words are loaded from shared memory as row vectors and
+each column picks its word and bit.
 
 Shapes it does not serve raise NotImplementedError (callers fall back to the portable
 kernel): dtype other than bf16/f16, head_dim not in {64, 128}, S not a multiple of block_k.
@@ -29,17 +31,29 @@ import jax.experimental.pallas.mosaic_gpu as plgpu
 
 from pallas_kernels import common
 from pallas_kernels.tree_attention import mask as mask_lib
-from pallas_kernels.tree_attention.config import MosaicConfig, mosaic_config
+from pallas_kernels.tree_attention.config import MosaicConfig, mosaic_config, mosaic_smem_bytes
 
 ROWS = 64  # rows per warpgroup (wgmma M)
+
+
+def default_config(q, k_cache) -> MosaicConfig:
+    """Tuned or heuristic config for these shapes, with block_k 64 where the cache length is
+    not a multiple of the chosen block_k."""
+    b, t, n, h = q.shape
+    _, kh, s, _ = k_cache.shape
+    cfg = mosaic_config(t * (n // max(kh, 1)), h, batch=b, num_queries=t, kv_len=s,
+                        dtype=q.dtype)
+    if s % cfg.block_k and s % 64 == 0:
+        cfg = dataclasses.replace(cfg, block_k=64)
+    return cfg
 
 
 def supported(q, k_cache, config: MosaicConfig | None = None) -> str | None:
     b, t, n, h = q.shape
     _, kh, s, _ = k_cache.shape
-    cfg = config or mosaic_config(t * (n // max(kh, 1)), h)
     if n % kh:
         return f"num_q_heads {n} not a multiple of num_kv_heads {kh}"
+    cfg = config or default_config(q, k_cache)
     if h not in (64, 128):
         return f"head_dim {h} not in (64, 128)"
     if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
@@ -83,29 +97,27 @@ def _build(*, b, kh, s, h, t, g, nrb, ns, causal, n_words, dtype, block_k, stage
             extent = jnp.minimum(lax.div(r0 + (ROWS - 1), jnp.int32(g)) + 1, t)
         else:
             extent = extent_ref[bi, rb]
-        # Steps: [full blocks of [0, A) | mixed blocks from A], A = prefix rounded down to
-        # block_k. The splits share the full blocks; the last one also does the mixed blocks
-        # (the ragged prefix tail plus the block keys), which are masked. Every copy starts at
-        # a multiple of block_k (TMA into tiled shared memory needs it), so mixed blocks near
-        # the end of the cache are clamped to S - block_k and columns already covered by an
-        # earlier step are masked out.
+        # Nominal blocks: [full blocks of [0, A) | mixed blocks from A], A = prefix rounded
+        # down to block_k; the mixed ones (the ragged prefix tail plus the block keys) are
+        # masked. Split sp takes the contiguous nominal blocks [first, first + n_total).
+        # Every copy starts at a multiple of block_k (TMA into tiled shared memory needs it),
+        # so mixed blocks near the end of the cache are clamped to S - block_k and columns
+        # already covered by an earlier step are masked out.
         a_blocks = lax.div(prefix, jnp.int32(bk))
+        n_mixed = lax.div(prefix + extent - a_blocks * bk + (bk - 1), jnp.int32(bk))
+        total = a_blocks + n_mixed
         if ns == 1:
-            f_first = jnp.int32(0)
-            n_full = a_blocks
-            n_mixed = lax.div(prefix + extent - a_blocks * bk + (bk - 1), jnp.int32(bk))
+            first = jnp.int32(0)
+            n_total = total
         else:
-            per = lax.div(a_blocks + (ns - 1), jnp.int32(ns))
-            f_first = sp * per
-            n_full = jnp.maximum(jnp.minimum(per, a_blocks - f_first), 0)
-            n_mixed = jnp.where(
-                sp == ns - 1,
-                lax.div(prefix + extent - a_blocks * bk + (bk - 1), jnp.int32(bk)), 0)
-        n_total = n_full + n_mixed
+            per = lax.div(total + (ns - 1), jnp.int32(ns))
+            first = sp * per
+            n_total = jnp.maximum(jnp.minimum(per, total - first), 0)
+        n_full = jnp.clip(a_blocks - first, 0, n_total)  # unmasked steps come first
         last_block = s // bk - 1
 
         def nominal_block(step):
-            return jnp.where(step < n_full, f_first + step, a_blocks + (step - n_full))
+            return first + step
 
         def src_start(step):
             return jnp.minimum(nominal_block(step), last_block) * bk
@@ -263,7 +275,8 @@ def _forward(q, k_cache, v_cache, prefix_len, block_mask, config, interpret):
     if config.num_splits is not None:
         ns = config.num_splits
     else:
-        ns = common.auto_num_splits(b * kh * nrb, s, config.block_k)
+        ctas = common.ctas_per_sm(mosaic_smem_bytes(config, h, ROWS, q.dtype.itemsize))
+        ns = common.auto_num_splits(b * kh * nrb, s, config.block_k, ctas=ctas)
     qr = common.pack_rows(q, kh, rp)
     prefix_len = prefix_len.astype(jnp.int32)
     if causal:
@@ -296,10 +309,8 @@ def cache_attention_hopper(q, k_cache, v_cache, prefix_len, block_mask=None, *,
     None (causal), bool [B, T, T] or bit-packed uint32 [B, T, ceil(T/32)].
     interpret=True (or a `plgpu.InterpretGPUParams`, e.g. with detect_races=True) runs the
     kernel in Mosaic GPU interpret mode (CPU)."""
-    b, t, n, h = q.shape
-    cfg = config or mosaic_config(t * (n // k_cache.shape[1]), h)
-    if config is None and k_cache.shape[2] % cfg.block_k and k_cache.shape[2] % 64 == 0:
-        cfg = dataclasses.replace(cfg, block_k=64)
+    t = q.shape[1]
+    cfg = config or default_config(q, k_cache)
     why = supported(q, k_cache, cfg)
     if why is None and block_mask is not None and t > 1024:
         why = f"T={t} > 1024 with a block mask (mask words must fit in shared memory)"

@@ -158,7 +158,8 @@ def cache_attention_portable(q, k_cache, v_cache, prefix_len, block_mask=None, *
     _, kh, s, _ = k_cache.shape
     g = n // kh
     rows = t * g
-    cfg = config or portable_config(rows, h)
+    cfg = config or portable_config(rows, h, batch=b, num_queries=t, kv_len=s,
+                                    dtype=q.dtype)
     if cfg.block_kb % mask_lib.WORD_BITS:
         raise ValueError("block_kb must be a multiple of 32")
     block_q = cfg.block_q
