@@ -20,6 +20,12 @@ SUPPORTED_ARCHITECTURES = {
 }
 
 
+# How dense projections multiply (`layers.project`): "xla" einsums; "pallas" the split-K
+# weight-streaming kernel (pallas_kernels.gemv) where it serves (NVIDIA GPU, M <= 32 rows),
+# XLA elsewhere; "pallas_interpret" the same kernel in interpret mode (CPU tests).
+MATMUL_IMPLS = ("xla", "pallas", "pallas_interpret")
+
+
 class ConfigError(ValueError):
     """A model config that this library cannot serve."""
 
@@ -46,8 +52,12 @@ class ModelConfig:
     norm_topk_prob: bool = True
     moe_layers: tuple[int, ...] | None = None  # None: every layer is MoE when num_experts > 0
     eos_token_ids: tuple[int, ...] = ()
+    matmul_impl: str = "xla"  # one of MATMUL_IMPLS
 
     def __post_init__(self):
+        if self.matmul_impl not in MATMUL_IMPLS:
+            raise ConfigError(
+                f"{self.name}: matmul_impl={self.matmul_impl!r} not in {MATMUL_IMPLS}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"{self.name}: num_heads={self.num_heads} is not a multiple of "

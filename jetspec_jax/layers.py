@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+
+from pallas_kernels.gemv import small_m_matmul
 
 
 def rms_norm(x, weight, eps):
@@ -26,10 +30,28 @@ def rope(x, positions, theta):
     return out.astype(x.dtype)
 
 
-def swiglu(x, gate, up, down):
+def project(eq, x, w, matmul_impl="xla", out_dtype=None):
+    """A dense projection `einsum(eq, x, w)` whose contracted axes are x's last and w's first
+    (e.g. "BTNH,NHD->BTD"). matmul_impl (`ModelConfig.matmul_impl`) other than "xla" runs it
+    as x [M, K] @ w [K, N] through `pallas_kernels.gemv` (the kernel where it serves)."""
+    if matmul_impl == "xla":
+        return jnp.einsum(eq, x, w, preferred_element_type=out_dtype)
+    x_axes, rest = eq.split(",")
+    w_axes, out_axes = rest.split("->")
+    c = len(set(x_axes) & set(w_axes))
+    if x_axes[-c:] != w_axes[:c] or out_axes != x_axes[:-c] + w_axes[c:]:
+        raise ValueError(f"project: {eq} is not x's trailing axes against w's leading ones")
+    lead, tail = x.shape[:-c], w.shape[c:]
+    y = small_m_matmul(x.reshape(math.prod(lead), -1), w.reshape(-1, math.prod(tail)),
+                       interpret=matmul_impl == "pallas_interpret", out_dtype=out_dtype)
+    return y.reshape(lead + tail)
+
+
+def swiglu(x, gate, up, down, matmul_impl="xla"):
     """x [B, T, D]; gate, up [D, F]; down [F, D]."""
-    h = jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, gate)) * jnp.einsum("BTD,DF->BTF", x, up)
-    return jnp.einsum("BTF,FD->BTD", h, down)
+    h = jax.nn.silu(project("BTD,DF->BTF", x, gate, matmul_impl)) * project(
+        "BTD,DF->BTF", x, up, matmul_impl)
+    return project("BTF,FD->BTD", h, down, matmul_impl)
 
 
 def moe(x, router, gate, up, down, *, top_k, normalize):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from jetspec_jax.cache import KVCache, write_slots
 from jetspec_jax.config import ModelConfig
-from jetspec_jax.layers import moe, rms_norm, rope, swiglu
+from jetspec_jax.layers import moe, project, rms_norm, rope, swiglu
 from pallas_kernels.tree_attention import cache_attention
 
 
@@ -24,15 +24,16 @@ def embed(params, tokens):
 def lm_head(params, cfg: ModelConfig, hidden):
     """hidden [B, T, D] -> float32 logits [B, T, V]."""
     w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    return jnp.einsum("BTD,DV->BTV", hidden, w, preferred_element_type=jnp.float32)
+    impl = "xla" if cfg.tie_embeddings else cfg.matmul_impl  # the kernel would copy embed.T
+    return project("BTD,DV->BTV", hidden, w, impl, jnp.float32)
 
 
 def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start,
                     block_mask, attn_impl):
     """x [B, T, D] (already normed). Writes the new K/V at write_start and attends."""
-    q = jnp.einsum("BTD,DNH->BTNH", x, p["q"])
-    k = jnp.einsum("BTD,DKH->BTKH", x, p["k"])
-    v = jnp.einsum("BTD,DKH->BTKH", x, p["v"])
+    q = project("BTD,DNH->BTNH", x, p["q"], cfg.matmul_impl)
+    k = project("BTD,DKH->BTKH", x, p["k"], cfg.matmul_impl)
+    v = project("BTD,DKH->BTKH", x, p["v"], cfg.matmul_impl)
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
@@ -41,14 +42,14 @@ def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_s
     k_cache = write_slots(k_cache, k, write_start)
     v_cache = write_slots(v_cache, v, write_start)
     out = cache_attention(q, k_cache, v_cache, write_start, block_mask, impl=attn_impl)
-    return jnp.einsum("BTNH,NHD->BTD", out, p["o"]), k_cache, v_cache
+    return project("BTNH,NHD->BTD", out, p["o"], cfg.matmul_impl), k_cache, v_cache
 
 
 def mlp_block(p, cfg: ModelConfig, x):
     if "router" in p:
         return moe(x, p["router"], p["gate"], p["up"], p["down"],
                    top_k=cfg.experts_per_token, normalize=cfg.norm_topk_prob)
-    return swiglu(x, p["gate"], p["up"], p["down"])
+    return swiglu(x, p["gate"], p["up"], p["down"], cfg.matmul_impl)
 
 
 def forward(params, cfg: ModelConfig, tokens, positions, cache: KVCache, write_start,

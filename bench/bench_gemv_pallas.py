@@ -1,0 +1,299 @@
+"""Small-M weight streaming on one GPU: the split-K Pallas kernel (`pallas_kernels.gemv`) against
+XLA's dot, per Qwen3-8B projection shape and in a whole Qwen3-8B decode step, in one process.
+
+  python3 bench/bench_gemv_pallas.py --out $OUT/gemv.json                    # H200, < 4 min
+  JAX_PLATFORMS=cpu python3 bench/bench_gemv_pallas.py --quick --out /tmp/g.json   # CPU check
+
+(a) correctness: every timed variant's output (sum over a stack of fresh random bf16 weights)
+    against the float32 reference: max |error| / max |reference|.
+(b) per shape [K, N] and rows M: a stack of L layers' weights (about --stack-gb in all, beyond
+    the 50 MB L2) multiplied layer after layer, `reps` times, inside one jitted fori_loop; the
+    time per matmul is (t(reps) - t(1)) / ((reps - 1) * L), so dispatch cancels (medians of
+    --repeats calls). XLA's `jnp.dot` and a small sweep of kernel configs (the first is the
+    heuristic default the model uses). M = 1 first, then the decode step, then M = 4, 16, 32
+    while --budget-s lasts.
+(c) a Qwen3-8B decode step (random bf16 weights, ctx --context) with matmul_impl "xla" and
+    "pallas" (`bench_decode.time_model`: per-token time from the difference of two loop
+    lengths), ms/token and TB/s over weights + KV.
+Percentages are of PEAK_TBPS, the weight-streaming bandwidth measured on the H200
+(../shared/gpu.md). Tables (markdown) are printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PEAK_TBPS = 4.25
+# Qwen3-8B decode projections, [K, N] (weights row-major, N contiguous); q and o, k and v,
+# gate and up share shapes.
+SHAPES = {"q/o": (4096, 4096), "k/v": (4096, 1024), "gate/up": (4096, 12288),
+          "down": (12288, 4096), "lm_head": (4096, 151936)}
+ERR_TOL = 2e-2  # max |err| / max |ref| of a sum of L bf16-rounded outputs
+QUICK_SHAPES = {"q/o": (256, 256), "k/v": (256, 64), "lm_head": (200, 1000)}
+
+
+def sweep_configs(m, k, n, limit):
+    """The heuristic default first, then variations of one knob each."""
+    from pallas_kernels import common
+    from pallas_kernels.gemv.config import gemv_config
+
+    base = gemv_config(m, k, n)
+    r = functools.partial(dataclasses.replace, base)
+    cands = [base]
+    if m <= 4:  # broadcast-reduce form: [rows, block_k, block_n] float32 accumulator
+        cands.append(r(use_dot=False, block_k=max(16, 64 // common.next_pow2(m)), num_warps=8))
+    cands += [
+        r(num_stages=4),
+        r(num_splits=2 * base.num_splits),
+        r(block_n=2 * base.block_n if base.block_n < 128 else base.block_n // 2),
+        r(num_warps=8),
+        r(block_k=64, num_stages=5),
+        r(evict_first=False),
+    ]
+    out = []
+    for c in cands:
+        if c not in out:
+            out.append(c)
+    return out[:limit]
+
+
+def make_runner(mm):
+    """jit(ws, x, reps) -> float32 sum over reps and layers of mm(x, w). Each layer's x is
+    nudged by the previous output (as in a model, one matmul after the other), so that XLA
+    neither hoists the matmuls out of the loop nor merges dots that share x (DotMerger
+    concatenates their weights: a copy)."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def run(ws, x, reps):
+        def body(_, carry):
+            x, acc = carry
+            for w in ws:
+                y = mm(x, w).astype(jnp.float32)
+                acc = acc + y
+                x = x + (y[:, :1] * 1e-9).astype(x.dtype)
+            return x, acc
+
+        acc = jnp.zeros((x.shape[0], ws[0].shape[1]), jnp.float32)
+        return jax.lax.fori_loop(0, reps, body, (x, acc))[1]
+
+    return run
+
+
+def median_call(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn().block_until_ready()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def time_variant(mm, ws, x, ref, args):
+    """-> (seconds per matmul, max rel err of the reps=1 output against ref, compile s)."""
+    import numpy as np
+
+    run = make_runner(mm)
+    t = time.perf_counter()
+    once = run(ws, x, 1)
+    once.block_until_ready()
+    compile_s = time.perf_counter() - t
+    err = float(np.max(np.abs(np.asarray(once) - ref)) / np.max(np.abs(ref)))
+    t1 = median_call(lambda: run(ws, x, 1), args.repeats)
+    tr = median_call(lambda: run(ws, x, args.reps), args.repeats)
+    if tr <= t1:  # noise (tiny CPU shapes)
+        return float("nan"), err, compile_s
+    return (tr - t1) / ((args.reps - 1) * len(ws)), err, compile_s
+
+
+def bench_shape(name, k, n, ms, args, deadline, rows):
+    """Times XLA and the kernel sweep for one weight shape at each M in ms (until deadline)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pallas_kernels.gemv.kernel import small_m_matmul_pallas
+
+    out_dtype = jnp.float32 if name == "lm_head" else None  # the model's logits are float32
+    layer_bytes = k * n * 2
+    num_layers = max(1, min(args.max_layers, round(args.stack_gb * 1e9 / layer_bytes)))
+    keys = jax.random.split(jax.random.key(k * 31 + n), num_layers + 1)
+    ws = [jax.random.normal(kk, (k, n), jnp.bfloat16) for kk in keys[:-1]]
+    for m in ms:
+        if time.perf_counter() > deadline:
+            print(f"budget spent: skipping {name} M={m}", flush=True)
+            continue
+        x = jax.random.normal(jax.random.fold_in(keys[-1], m), (m, k), jnp.bfloat16)
+        ref = np.asarray(jnp.einsum("mk,lkn->mn", x.astype(jnp.float32),
+                                    jnp.stack(ws).astype(jnp.float32),
+                                    precision=jax.lax.Precision.HIGHEST))
+        variants = [("xla", None)] + [("pallas", c) for c in sweep_configs(m, k, n, args.sweep)]
+        for i, (impl, cfg) in enumerate(variants):
+            if time.perf_counter() > deadline:
+                break
+            row = {"shape": name, "K": k, "N": n, "M": m, "layers": num_layers, "impl": impl,
+                   "config": dataclasses.asdict(cfg) if cfg else None, "default": i == 1}
+            if impl == "xla":
+                mm = lambda x, w: jnp.dot(x, w, preferred_element_type=out_dtype)  # noqa: E731
+            else:
+                mm = lambda x, w, cfg=cfg: small_m_matmul_pallas(  # noqa: E731
+                    x, w, out_dtype=out_dtype, config=cfg, interpret=args.interpret)
+            try:
+                sec, err, compile_s = time_variant(mm, ws, x, ref, args)
+                row.update(us=sec * 1e6, TBps=layer_bytes / sec / 1e12, rel_err=err,
+                           compile_s=compile_s)
+                row["pct_peak"] = 100 * row["TBps"] / PEAK_TBPS
+            except Exception as e:  # one failing variant must not stop the run
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                traceback.print_exc(limit=2)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    del ws
+    jax.clear_caches()
+
+
+def bench_decode_step(args):
+    """Whole decode step with the config's XLA matmuls vs the Pallas kernel, same process."""
+    import jax
+
+    from bench_decode import random_params, time_model, weight_bytes_per_token
+    from jetspec_jax import config, params as P
+
+    cfg = config.preset(args.model)
+    params = random_params(P.target_specs(cfg))
+    jax.block_until_ready(params)
+    rows = []
+    pallas = "pallas_interpret" if args.interpret else "pallas"
+    for impl in ("xla", pallas):
+        try:
+            row = time_model(cfg.replace(matmul_impl=impl), params, args.context, args.attn_impl,
+                             PEAK_TBPS * 1e12)
+            row.update(matmul_impl=impl, weight_TBps=weight_bytes_per_token(cfg)
+                       / (row["ms_per_token"] * 1e-3) / 1e12)
+        except Exception as e:
+            row = {"model": cfg.name, "matmul_impl": impl,
+                   "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            traceback.print_exc(limit=2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    del params
+    jax.clear_caches()
+    return rows
+
+
+def fmt_cfg(c):
+    if c is None:
+        return ""
+    form = "dot" if c["use_dot"] else "reduce"
+    return (f"{c['block_k']}x{c['block_n']} s{c['num_splits']} w{c['num_warps']} "
+            f"st{c['num_stages']} {form}{'' if c['evict_first'] else ' keep'}")
+
+
+def _timed(r):
+    return math.isfinite(r.get("TBps", math.nan))
+
+
+def _cell(r):
+    return f"{r['TBps']:.2f} ({r['pct_peak']:.0f}%)" if r and _timed(r) else "-"
+
+
+def report(result):
+    rows = [r for r in result["rows"] if "rel_err" in r]  # ran (timed or not)
+    lines = [f"device: {result['device']}, {result['date']}; % of {PEAK_TBPS} TB/s", "",
+             "| shape [K, N] | M | layers | XLA TB/s (%) | Pallas default TB/s (%) | "
+             "best Pallas TB/s (%) | best config | max rel err |",
+             "|---|---|---|---|---|---|---|---|"]
+    groups = sorted(dict.fromkeys((r["shape"], r["M"]) for r in rows), key=lambda g: g[1])
+    for shape, m in groups:
+        group = [r for r in rows if (r["shape"], r["M"]) == (shape, m)]
+        xla = next((r for r in group if r["impl"] == "xla"), None)
+        pal = [r for r in group if r["impl"] == "pallas"]
+        default = next((r for r in pal if r["default"]), None)
+        best = max(filter(_timed, pal), key=lambda r: r["TBps"], default=None)
+        err = max((r["rel_err"] for r in pal), default=math.nan)
+        g = group[0]
+        lines.append(f"| {shape} [{g['K']}, {g['N']}] | {m} | {g['layers']} | {_cell(xla)} | "
+                     f"{_cell(default)} | {_cell(best)} | "
+                     f"{fmt_cfg(best['config']) if best else ''} | {err:.1e} |")
+    wrong = [r for r in rows if not r["rel_err"] <= ERR_TOL]
+    lines.append(f"\ncorrectness: {len(rows) - len(wrong)} of {len(rows)} variants within "
+                 f"rel err {ERR_TOL}" + "".join(f"; WRONG: {r['shape']} M={r['M']} {r['impl']} "
+                                                 f"{fmt_cfg(r['config'])}" for r in wrong[:5]))
+    failed = [r for r in result["rows"] if "error" in r]
+    if failed:
+        f = failed[0]
+        lines.append(f"\n{len(failed)} variants failed, e.g. {f['shape']} M={f['M']} "
+                     f"{fmt_cfg(f['config'])}: {f['error'][:200]}")
+    lines += ["", "| decode step | matmul | ms/token | tok/s | TB/s (weights + KV) | "
+              f"% of {PEAK_TBPS} | weights-only TB/s |", "|---|---|---|---|---|---|---|"]
+    for r in result["decode"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['matmul_impl']} | error: {r['error'][:80]} |||||")
+            continue
+        lines.append(f"| {r['model']} ctx {r['context']} | {r['matmul_impl']} | "
+                     f"{r['ms_per_token']:.3f} | {r['tok_s']:.0f} | {r['achieved_TBps']:.2f} | "
+                     f"{100 * r['achieved_TBps'] / PEAK_TBPS:.0f}% | {r['weight_TBps']:.2f} |")
+    print("\n".join(lines))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shapes and model, few repeats (CPU check of the script)")
+    parser.add_argument("--ms", type=int, nargs="+", default=[1, 4, 16, 32])
+    parser.add_argument("--sweep", type=int, default=7, help="kernel configs per shape and M")
+    parser.add_argument("--stack-gb", type=float, default=1.1)
+    parser.add_argument("--max-layers", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--budget-s", type=float, default=210)
+    parser.add_argument("--model", default="qwen3-8b")
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--attn-impl", default="auto")
+    parser.add_argument("--no-decode", action="store_true")
+    args = parser.parse_args()
+
+    import jax
+
+    args.interpret = jax.default_backend() != "gpu"  # CPU: the kernel in interpret mode
+    shapes = SHAPES
+    if args.quick:
+        shapes = QUICK_SHAPES
+        args.ms = [m for m in args.ms if m <= 4] or [1]
+        args.sweep, args.stack_gb, args.max_layers = 2, 1e-3, 2
+        args.reps, args.repeats, args.model, args.context = 3, 2, "tiny-dense", 16
+    start = time.perf_counter()
+    rows = []
+    first, rest = args.ms[:1], args.ms[1:]
+    # M = 1 (batch-1 decode) for every shape first, then the decode step, then larger M.
+    for name, (k, n) in shapes.items():
+        bench_shape(name, k, n, first, args, start + 0.45 * args.budget_s, rows)
+    decode = [] if args.no_decode else bench_decode_step(args)
+    for name, (k, n) in shapes.items():
+        bench_shape(name, k, n, rest, args, start + args.budget_s - 10, rows)
+    result = {"rows": rows, "decode": decode, "device": str(jax.devices()[0].device_kind),
+              "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+              "host": platform.node(), "peak_TBps": PEAK_TBPS,
+              "wall_s": time.perf_counter() - start}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    report(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Tuning knobs of the small-M weight-streaming matmul and a heuristic from (M, K, N)."""
+
+import dataclasses
+
+from pallas_kernels import common
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvConfig:
+    """block_k x block_n: the weight tile one loop step loads (powers of two, >= 16).
+    num_splits: split-K factor (None: automatic). use_dot: multiply on tensor cores with the
+    rows padded to 16; else broadcast-multiply into a [rows, block_k, block_n] float32
+    accumulator reduced once at the end (for 1-4 rows; Triton does not pipeline these loads).
+    evict_first: hint that weight lines are read once (kept by plain loads; the pipelined
+    cp.async loads of the dot form drop it)."""
+
+    block_k: int = 128
+    block_n: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+    num_splits: int | None = None
+    use_dot: bool = True
+    evict_first: bool = True
+
+
+def gemv_config(m: int, k: int, n: int, *, sms: int | None = None) -> GemvConfig:
+    """Default config: 64-wide column strips for narrow outputs (k/v projections) so that
+    there are enough strips, 128 otherwise; the split count from `auto_num_splits`."""
+    block_n = 64 if n <= 2048 else 128
+    block_n = min(block_n, max(16, common.next_pow2(n)))
+    block_k = min(128, max(16, common.next_pow2(k)))
+    return GemvConfig(block_k=block_k, block_n=block_n,
+                      num_splits=auto_num_splits(m, k, n, block_k, block_n, sms=sms))
+
+
+def auto_num_splits(m: int, k: int, n: int, block_k: int, block_n: int, *,
+                    sms: int | None = None, programs_per_sm: int = 4) -> int:
+    """Split-K factor: enough programs for `programs_per_sm` per SM, each split at least two
+    K blocks, and the float32 partials (written and read back: 8 * splits * M * N bytes) at
+    most 1/16 of the weight bytes. Rounded to a divisor of the K block count so that splits
+    are even."""
+    sms = common.num_sms() if sms is None else sms
+    strips = common.cdiv(n, block_n)
+    k_blocks = common.cdiv(k, block_k)
+    want = common.cdiv(programs_per_sm * sms, strips)
+    cap = max(1, min(k_blocks // 2, k // (64 * m)))
+    divisors = [d for d in range(1, k_blocks + 1) if k_blocks % d == 0 and d <= cap]
+    above = [d for d in divisors if d >= want]
+    return above[0] if above else divisors[-1]

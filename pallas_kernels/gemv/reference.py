@@ -1,0 +1,16 @@
+"""Pure-JAX reference of the small-M matmul: x [M, K] @ w [K, N], float32 accumulation."""
+
+import jax
+import jax.numpy as jnp
+
+
+def small_m_matmul_reference(x, w, out_dtype=None):
+    """x [M, K], w [K, N] -> [M, N] in out_dtype (default x.dtype), accumulated in float32.
+    XLA:CPU lacks bf16 x bf16 -> f32 dots, so there the operands are upcast (exact: products
+    of 16-bit floats are exact in float32)."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if jax.default_backend() == "cpu":
+        x, w = x.astype(jnp.float32), w.astype(jnp.float32)
+    y = jnp.dot(x, w, preferred_element_type=jnp.float32,
+                precision=jax.lax.Precision.HIGHEST)
+    return y.astype(out_dtype)

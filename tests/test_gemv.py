@@ -1,0 +1,143 @@
+"""Small-M weight-streaming matmul (pallas_kernels.gemv): the kernel in interpret mode against
+the reference, the api's fallback, lowering for an H200, and a tiny model decoding with it.
+
+Interpret mode costs ~1 s per new shape on CPU, so the grid is curated: M in {1, 2, 3, 4, 16,
+32}, K and N multiples and non-multiples of the blocks, 1 to several splits (incl. more than
+there are K blocks), both the dot and the broadcast-reduce forms, float32 / bf16 inputs.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import random_prompts, tiny_target
+from jetspec_jax import layers
+from jetspec_jax.config import ConfigError
+from jetspec_jax.decode import ar_generate
+from jetspec_jax.sampling import Sampler
+from pallas_kernels.gemv import api, small_m_matmul
+from pallas_kernels.gemv.config import GemvConfig, auto_num_splits, gemv_config
+from pallas_kernels.gemv.kernel import small_m_matmul_pallas
+from pallas_kernels.gemv.reference import small_m_matmul_reference
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+# Max error relative to max |reference|: summation order (f32) or one bf16 rounding of the output.
+TOL = {jnp.dtype(F32): 1e-5, jnp.dtype(BF16): 1e-2}
+
+CASES = [
+    # (M, K, N, config, input dtype, out dtype or None); M = 16 and 32 need no row mask
+    (1, 256, 128, GemvConfig(block_k=64, block_n=64, num_splits=1), F32, None),
+    (1, 300, 200, GemvConfig(block_k=64, block_n=64, num_splits=3), BF16, None),
+    (3, 512, 96, GemvConfig(block_k=128, block_n=32, num_splits=2), F32, None),
+    (3, 100, 48, GemvConfig(block_k=32, block_n=16, num_splits=8), BF16, F32),  # splits > blocks
+    (16, 96, 40, GemvConfig(block_k=128, block_n=64, num_splits=1), F32, None),  # K < block_k
+    (16, 128, 256, GemvConfig(block_k=32, block_n=128, num_splits=1), BF16, None),
+    (32, 200, 130, GemvConfig(block_k=64, block_n=64, num_splits=2), BF16, None),
+    (32, 1000, 64, None, F32, None),  # heuristic config
+    (2, 300, 200, GemvConfig(block_k=64, block_n=64, num_splits=2, use_dot=False), F32, None),
+    (4, 256, 100, GemvConfig(block_k=32, block_n=64, num_splits=1, use_dot=False), BF16, F32),
+]
+
+
+def operands(m, k, n, dtype, seed=0):
+    kx, kw = jax.random.split(jax.random.key(seed))
+    return jax.random.normal(kx, (m, k), dtype), jax.random.normal(kw, (k, n), dtype)
+
+
+def rel_err(y, ref):
+    y, ref = np.asarray(y, np.float32), np.asarray(ref, np.float32)
+    return float(np.max(np.abs(y - ref)) / np.max(np.abs(ref)))
+
+
+@pytest.mark.parametrize("m,k,n,cfg,dtype,out_dtype", CASES, ids=lambda v: str(v))
+def test_kernel_matches_reference(m, k, n, cfg, dtype, out_dtype):
+    x, w = operands(m, k, n, dtype)
+    y = small_m_matmul_pallas(x, w, out_dtype=out_dtype, config=cfg, interpret=True)
+    ref = small_m_matmul_reference(x, w, out_dtype)
+    assert y.shape == (m, n) and y.dtype == ref.dtype
+    assert rel_err(y, ref) <= TOL[jnp.dtype(out_dtype or dtype)]
+
+
+def test_api_impls_and_fallback(monkeypatch):
+    x, w = operands(3, 96, 40, F32)
+    ref = small_m_matmul_reference(x, w)
+    np.testing.assert_allclose(small_m_matmul(x, w, impl="xla"), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(small_m_matmul(x, w, impl="pallas", interpret=True), ref,
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown matmul impl"):
+        small_m_matmul(x, w, impl="cublas")
+    # Cases the kernel cannot serve: forced -> NotImplementedError; auto -> XLA.
+    x33, w33 = operands(33, 96, 40, F32)
+    with pytest.raises(NotImplementedError, match="rows"):
+        small_m_matmul(x33, w33, impl="pallas", interpret=True)
+    np.testing.assert_allclose(small_m_matmul(x33, w33, impl="auto", interpret=True),
+                               small_m_matmul_reference(x33, w33), rtol=1e-5, atol=1e-5)
+    mixed = small_m_matmul(x, w.astype(BF16), impl="auto", interpret=True)  # dtype mismatch
+    assert mixed.dtype == F32
+    with pytest.raises(NotImplementedError, match="overflow"):  # abstract: nothing allocated
+        jax.eval_shape(small_m_matmul_pallas, jax.ShapeDtypeStruct((1, 2**16), BF16),
+                       jax.ShapeDtypeStruct((2**16, 2**15), BF16))
+    with pytest.raises(NotImplementedError, match="broadcast-reduce"):
+        small_m_matmul_pallas(*operands(8, 64, 32, F32), config=GemvConfig(use_dot=False),
+                              interpret=True)
+
+    # On a CPU without interpret=True, auto never reaches the kernel.
+    def boom(*a, **kw):
+        raise AssertionError("kernel called on CPU")
+
+    monkeypatch.setattr(api, "small_m_matmul_pallas", boom)
+    np.testing.assert_allclose(small_m_matmul(x, w), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_split_heuristic_fills_an_h200():
+    """Qwen3-8B decode shapes at M=1: about 2 or more programs per SM (132 SMs), even splits;
+    at M=32 the float32 partials stay within 1/16 of the weight bytes."""
+    for k, n in [(4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (4096, 151936)]:
+        cfg = gemv_config(1, k, n, sms=132)
+        k_blocks = -(-k // cfg.block_k)
+        assert k_blocks % cfg.num_splits == 0
+        assert -(-n // cfg.block_n) * cfg.num_splits >= 256
+        s32 = auto_num_splits(32, k, n, cfg.block_k, cfg.block_n, sms=132)
+        assert 8 * s32 * 32 * n <= k * n * 2 / 16
+
+
+@pytest.mark.parametrize("m,k,n,cfg,out_dtype", [
+    (1, 4096, 1024, None, None),
+    (32, 4096, 12288, None, None),
+    (1, 4096, 151936, None, F32),
+    (3, 1000, 300, GemvConfig(block_k=64, block_n=128, num_splits=4, use_dot=False), None),
+])
+def test_lowers_for_h200(m, k, n, cfg, out_dtype):
+    """Pallas -> Triton lowering for an abstract H200 (no GPU needed)."""
+    from pallas_kernels.lowering_check import lower_for_gpu
+
+    x, w = jnp.zeros((m, k), BF16), jnp.zeros((k, n), BF16)
+    text = lower_for_gpu(small_m_matmul_pallas, x, w, out_dtype=out_dtype, config=cfg)
+    assert "__gpu$xla.gpu.triton" in text
+
+
+def test_project_matches_einsum():
+    key = jax.random.key(3)
+    out = jax.random.normal(key, (2, 3, 4, 16), F32)  # [B, T, N, H]
+    wo = jax.random.normal(jax.random.key(4), (4, 16, 24), F32)  # [N, H, D]
+    want = jnp.einsum("BTNH,NHD->BTD", out, wo)
+    got = layers.project("BTNH,NHD->BTD", out, wo, "pallas_interpret")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="trailing axes"):
+        layers.project("BTD,FD->BTF", out[..., 0, :], wo[0], "pallas_interpret")
+
+
+def test_greedy_decode_identical_with_pallas_matmul():
+    """A tiny float32 target decodes the same tokens with the kernel (interpret mode; prefill
+    of 3 x 7 = 21 rows and decode steps of 3 rows both go through it) as with XLA."""
+    cfg, params = tiny_target("dense", seed=2, vocab=16)
+    prompt, lens = random_prompts(np.random.default_rng(0), 3, 7, cfg.vocab_size)
+    kw = dict(max_new=6, sampler=Sampler(), stop_ids=(), num_slots=32)
+    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **kw)
+    got = ar_generate(params, prompt, lens, jax.random.key(0),
+                      cfg=cfg.replace(matmul_impl="pallas_interpret"), **kw)
+    np.testing.assert_array_equal(np.asarray(got.num_tokens), np.asarray(want.num_tokens))
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    with pytest.raises(ConfigError, match="matmul_impl"):
+        cfg.replace(matmul_impl="cublas")
