@@ -104,9 +104,15 @@ def run_convert(args) -> None:
         raise FileExistsError(f"{args.dst} exists; pass --overwrite to replace it")
     if args.head:
         from jetspec_jax import head_io
+        from jetspec_jax.checkpoint import read_info
+        from jetspec_jax.train import eagle
 
-        dst = head_io.convert_head(args.src, args.dst, dtype=dtype, overwrite=args.overwrite,
-                                   progress=True)
+        meta = (Path(args.src) / "metadata.json").is_file() and read_info(args.src)[1]
+        if meta and meta.get("kind") == eagle.KIND:  # an EAGLE-style baseline head
+            dst = eagle.convert_eagle(args.src, args.dst, dtype=dtype, overwrite=args.overwrite)
+        else:
+            dst = head_io.convert_head(args.src, args.dst, dtype=dtype,
+                                       overwrite=args.overwrite, progress=True)
     else:
         from jetspec_jax.convert import convert
 

@@ -19,6 +19,7 @@ from jetspec_jax.sampling import Sampler
 from jetspec_jax.decode import ar_generate
 from jetspec_jax.params import init_params
 from jetspec_jax.draft_head import draft_specs
+from jetspec_jax.checkpoint import read_info
 from jetspec_jax.train import data as D, eagle as E
 from jetspec_jax.train.head_forward import head_logits, sample_anchors, target_pass
 from jetspec_jax.train.loss import distill_loss
@@ -261,6 +262,24 @@ def test_prefix_fill_config_errors(changes, message):
 def eagle_head(tcfg, depth=4, seed=1):
     ecfg = E.eagle_config_for(tcfg, num_taps=2, depth=depth)
     return ecfg, init_params(E.eagle_specs(ecfg), jax.random.key(seed))
+
+
+def test_cli_converts_an_eagle_head_to_bfloat16(tmp_path, capsys):
+    """`jetspec convert --head` casts an EAGLE-style head too (it refused them before)."""
+    from jetspec_jax.cli import main
+
+    tcfg, _ = tiny_target("dense", seed=2, vocab=16)
+    ecfg, ep = eagle_head(tcfg)
+    E.save_eagle(tmp_path / "f32", ep, ecfg, metadata={"steps": 7})
+    assert main(["convert", "--head", str(tmp_path / "f32"), str(tmp_path / "bf16"),
+                 "--dtype", "bfloat16"]) == 0
+    ecfg2, ep2 = E.load_eagle(tmp_path / "bf16")
+    assert ecfg2 == ecfg
+    for a, b in zip(jax.tree.leaves(ep), jax.tree.leaves(ep2)):
+        assert b.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.bfloat16), np.float32),
+                                      np.asarray(b, np.float32))
+    assert read_info(tmp_path / "bf16")[1]["steps"] == 7
 
 
 @pytest.mark.parametrize("kind", ["dense", "llama"])

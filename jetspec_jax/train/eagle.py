@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from jetspec_jax import draft_head, target
 from jetspec_jax.cache import KVCache, write_slots
-from jetspec_jax.checkpoint import load_tree, save_tree
+from jetspec_jax.checkpoint import load_tree, read_info, save_tree
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.decode import Output, check_capacity, prefill
 from jetspec_jax.layers import rms_norm, rope
@@ -79,6 +79,18 @@ def load_eagle(path) -> tuple[EagleConfig, dict]:
     ecfg = EagleConfig.from_dict(config)
     check_params(eparams, eagle_specs(ecfg), f"EAGLE head {path}")
     return ecfg, eparams
+
+
+def convert_eagle(src, dst, *, dtype=None, overwrite=False):
+    """A `save_eagle` checkpoint cast to dtype (e.g. float32 -> bfloat16 to ship) at dst; its
+    metadata (training settings) is kept."""
+    ecfg, eparams = load_eagle(src)
+    if dtype is not None:
+        eparams = jax.tree.map(lambda a: a.astype(dtype), eparams)
+    meta = read_info(src, KIND)[1]
+    kept = {k: v for k, v in meta.items() if k not in ("kind", "format", "dtypes")}
+    return save_eagle(dst, eparams, ecfg, metadata={**kept, "source": str(src)},
+                      overwrite=overwrite)
 
 
 def eagle_specs(ecfg: EagleConfig) -> dict:
