@@ -1,20 +1,31 @@
-"""Small-M weight streaming on one GPU: the split-K Pallas kernel (`pallas_kernels.gemv`) against
-XLA's dot, per Qwen3-8B projection shape and in a whole Qwen3-8B decode step, in one process.
+"""Small-M weight streaming on one GPU: the split-K Pallas kernels (`pallas_kernels.gemv`)
+against XLA, per projection shape (Qwen3-8B dense, Qwen3-30B-A3B experts) and in whole decode
+steps, in one process.
 
-  python3 bench/bench_gemv_pallas.py --out $OUT/gemv.json                    # H200, < 4 min
+  python3 bench/bench_gemv_pallas.py --out $OUT/gemv.json --write-table $OUT/tuned_h200.json \
+      --no-decode --ms 1 4 --sweep 4 --budget-s 150                       # H200 sweep, ~3 min
+  python3 bench/bench_gemv_pallas.py --decode-only --out $OUT/steps.json # H200 steps, ~200 s
+  python3 bench/bench_gemv_pallas.py --table-from bench/results/gemv_pallas_h200_2026-11-29.json \
+      --write-table pallas_kernels/gemv/tuned_h200.json                   # table from a result
   JAX_PLATFORMS=cpu python3 bench/bench_gemv_pallas.py --quick --out /tmp/g.json   # CPU check
 
 (a) correctness: every timed variant's output (sum over a stack of fresh random bf16 weights)
     against the float32 reference: max |error| / max |reference|.
-(b) per shape [K, N] and rows M: a stack of L layers' weights (about --stack-gb in all, beyond
-    the 50 MB L2) multiplied layer after layer, `reps` times, inside one jitted fori_loop; the
-    time per matmul is (t(reps) - t(1)) / ((reps - 1) * L), so dispatch cancels (medians of
-    --repeats calls). XLA's `jnp.dot` and a small sweep of kernel configs (the first is the
-    heuristic default the model uses). M = 1 first, then the decode step, then M = 4, 16, 32
-    while --budget-s lasts.
-(c) a Qwen3-8B decode step (random bf16 weights, ctx --context) with matmul_impl "xla" and
-    "pallas" (`bench_decode.time_model`: per-token time from the difference of two loop
-    lengths), ms/token and TB/s over weights + KV.
+(b) per shape [K, N] and rows M: a stack of L layers' weights (about --stack-gb read in all,
+    beyond the 50 MB L2) multiplied layer after layer, `reps` times, inside one jitted
+    fori_loop; the time per matmul is (t(reps) - t(1)) / ((reps - 1) * L), so dispatch cancels
+    (medians of --repeats calls). XLA and a small sweep of kernel configs (the first is the
+    heuristic default). Dense: `jnp.dot` vs `small_m_matmul_pallas`; MoE experts [E, K, N]
+    with P = M distinct chosen experts: the gather + einsum vs `grouped_small_m_matmul_pallas`
+    (bytes: the P experts' weights). M = 1 (P = 8 for MoE) first, then the decode steps, then
+    the larger M while --budget-s lasts. --write-table: the dense shapes where the best
+    config beat XLA by more than --margin, as the table `matmul_impl="tuned"` reads
+    (`pallas_kernels/gemv/tuned_<gpu>.json`).
+(c) decode steps (random bf16 weights made leaf by leaf, ctx --context, batch 1), matmul_impl
+    xla / tuned / pallas for Qwen3-8B and Qwen3-30B-A3B (30B: "tuned" = XLA dense + the
+    grouped MoE kernel, "pallas" = both kernels) (`bench_decode.time_model`: per-token time
+    from the difference of two loop lengths), ms/token and TB/s over weights + KV. "tuned"
+    reads the table committed for this GPU (pallas_kernels/gemv/tuned_h200.json).
 Percentages are of PEAK_TBPS, the weight-streaming bandwidth measured on the H200
 (../shared/gpu.md). Tables (markdown) are printed last.
 """
@@ -42,17 +53,28 @@ SHAPES = {"q/o": (4096, 4096), "k/v": (4096, 1024), "gate/up": (4096, 12288),
           "down": (12288, 4096), "lm_head": (4096, 151936)}
 ERR_TOL = 2e-2  # max |err| / max |ref| of a sum of L bf16-rounded outputs
 QUICK_SHAPES = {"q/o": (256, 256), "k/v": (256, 64), "lm_head": (200, 1000)}
+# Qwen3-30B-A3B experts, [E, K, N]; M = P (token, expert) pairs: 8 at batch 1.
+GROUPED_SHAPES = {"moe gate/up": (128, 2048, 768), "moe down": (128, 768, 2048)}
+GROUPED_PAIRS = {1: 8, 4: 32}  # dense M (batch rows) -> pairs at top-8
+QUICK_GROUPED = {"moe gate/up": (8, 64, 48)}
+# Decode steps: model -> matmul_impls timed (in this order, same process).
+# 30B "tuned": XLA for its dense shapes (none in the table) + the grouped MoE kernel, which
+# isolates the MoE kernel; "pallas" adds the dense kernel on 30B's (unmeasured) shapes.
+DECODE = {"qwen3-8b": ("xla", "tuned", "pallas"), "qwen3-30b-a3b": ("xla", "tuned", "pallas")}
+QUICK_DECODE = {"tiny-dense": ("xla", "tuned", "pallas"), "tiny-moe": ("xla", "pallas")}
 
 
-def sweep_configs(m, k, n, limit):
+def sweep_configs(m, k, n, limit, grouped=False):
     """The heuristic default first, then variations of one knob each."""
     from pallas_kernels import common
-    from pallas_kernels.gemv.config import gemv_config
+    from pallas_kernels.gemv.config import gemv_config, grouped_config
 
-    base = gemv_config(m, k, n)
+    base = grouped_config(m, k, n) if grouped else gemv_config(m, k, n)
     r = functools.partial(dataclasses.replace, base)
     cands = [base]
-    if m <= 4:  # broadcast-reduce form: [rows, block_k, block_n] float32 accumulator
+    if grouped:  # one row per pair: broadcast-reduce into a [block_k, block_n] accumulator
+        cands.append(r(use_dot=False))
+    elif m <= 4:  # broadcast-reduce form: [rows, block_k, block_n] float32 accumulator
         cands.append(r(use_dot=False, block_k=max(16, 64 // common.next_pow2(m)), num_warps=8))
     cands += [
         r(num_stages=4),
@@ -87,7 +109,7 @@ def make_runner(mm):
                 x = x + (y[:, :1] * 1e-9).astype(x.dtype)
             return x, acc
 
-        acc = jnp.zeros((x.shape[0], ws[0].shape[1]), jnp.float32)
+        acc = jnp.zeros((x.shape[0], ws[0].shape[-1]), jnp.float32)
         return jax.lax.fori_loop(0, reps, body, (x, acc))[1]
 
     return run
@@ -119,42 +141,62 @@ def time_variant(mm, ws, x, ref, args):
     return (tr - t1) / ((args.reps - 1) * len(ws)), err, compile_s
 
 
-def bench_shape(name, k, n, ms, args, deadline, rows):
-    """Times XLA and the kernel sweep for one weight shape at each M in ms (until deadline)."""
+def bench_shape(name, k, n, ms, args, deadline, rows, num_experts=0):
+    """Times XLA and the kernel sweep for one weight shape at each M in ms (until deadline).
+    num_experts > 0: MoE experts w [E, K, N], M distinct chosen ones (the grouped kernel)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    from pallas_kernels.gemv.api import _xla_grouped
+    from pallas_kernels.gemv.grouped import grouped_small_m_matmul_pallas
     from pallas_kernels.gemv.kernel import small_m_matmul_pallas
 
+    grouped = num_experts > 0
     out_dtype = jnp.float32 if name == "lm_head" else None  # the model's logits are float32
-    layer_bytes = k * n * 2
-    num_layers = max(1, min(args.max_layers, round(args.stack_gb * 1e9 / layer_bytes)))
-    keys = jax.random.split(jax.random.key(k * 31 + n), num_layers + 1)
-    ws = [jax.random.normal(kk, (k, n), jnp.bfloat16) for kk in keys[:-1]]
+    w_shape = (num_experts, k, n) if grouped else (k, n)
+    read_bytes = k * n * 2 * (max(ms) if grouped else 1)  # per matmul, at the largest M
+    layer_gb = math.prod(w_shape) * 2 / 1e9
+    num_layers = max(1, min(args.max_layers, round(args.stack_gb * 1e9 / read_bytes),
+                            int(args.max_stack_gb / layer_gb)))
+    keys = jax.random.split(jax.random.key(k * 31 + n), num_layers + 2)
+    ws = [jax.random.normal(kk, w_shape, jnp.bfloat16) for kk in keys[:num_layers]]
     for m in ms:
         if time.perf_counter() > deadline:
             print(f"budget spent: skipping {name} M={m}", flush=True)
             continue
         x = jax.random.normal(jax.random.fold_in(keys[-1], m), (m, k), jnp.bfloat16)
-        ref = np.asarray(jnp.einsum("mk,lkn->mn", x.astype(jnp.float32),
-                                    jnp.stack(ws).astype(jnp.float32),
-                                    precision=jax.lax.Precision.HIGHEST))
-        variants = [("xla", None)] + [("pallas", c) for c in sweep_configs(m, k, n, args.sweep)]
+        x32 = x.astype(jnp.float32)
+        if grouped:  # distinct experts, as one token's top-k
+            experts = jax.random.permutation(keys[-2], num_experts)[:m].astype(jnp.int32)
+            ref = sum(np.asarray(jnp.einsum("pk,pkn->pn", x32, w[experts].astype(jnp.float32),
+                                            precision=jax.lax.Precision.HIGHEST)) for w in ws)
+        else:
+            ref = sum(np.asarray(jnp.dot(x32, w.astype(jnp.float32),
+                                         precision=jax.lax.Precision.HIGHEST)) for w in ws)
+        variants = [("xla", None)] + [("pallas", c) for c in
+                                      sweep_configs(m, k, n, args.sweep, grouped=grouped)]
         for i, (impl, cfg) in enumerate(variants):
             if time.perf_counter() > deadline:
                 break
-            row = {"shape": name, "K": k, "N": n, "M": m, "layers": num_layers, "impl": impl,
-                   "config": dataclasses.asdict(cfg) if cfg else None, "default": i == 1}
-            if impl == "xla":
+            row = {"shape": name, "kernel": "grouped" if grouped else "gemv", "K": k, "N": n,
+                   "M": m, "E": num_experts or None, "dtype": "bfloat16", "layers": num_layers,
+                   "impl": impl, "config": dataclasses.asdict(cfg) if cfg else None,
+                   "default": i == 1}
+            if grouped and impl == "xla":
+                mm = lambda x, w: _xla_grouped(x, w, experts, out_dtype)  # noqa: E731
+            elif grouped:
+                mm = lambda x, w, cfg=cfg: grouped_small_m_matmul_pallas(  # noqa: E731
+                    x, w, experts, out_dtype=out_dtype, config=cfg, interpret=args.interpret)
+            elif impl == "xla":
                 mm = lambda x, w: jnp.dot(x, w, preferred_element_type=out_dtype)  # noqa: E731
             else:
                 mm = lambda x, w, cfg=cfg: small_m_matmul_pallas(  # noqa: E731
                     x, w, out_dtype=out_dtype, config=cfg, interpret=args.interpret)
             try:
                 sec, err, compile_s = time_variant(mm, ws, x, ref, args)
-                row.update(us=sec * 1e6, TBps=layer_bytes / sec / 1e12, rel_err=err,
-                           compile_s=compile_s)
+                row.update(us=sec * 1e6, TBps=k * n * 2 * (m if grouped else 1) / sec / 1e12,
+                           rel_err=err, compile_s=compile_s)
                 row["pct_peak"] = 100 * row["TBps"] / PEAK_TBPS
             except Exception as e:  # one failing variant must not stop the run
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -165,33 +207,62 @@ def bench_shape(name, k, n, ms, args, deadline, rows):
     jax.clear_caches()
 
 
-def bench_decode_step(args):
-    """Whole decode step with the config's XLA matmuls vs the Pallas kernel, same process."""
+def bench_decode_steps(models, args):
+    """Whole decode steps, per model (random weights built once) and matmul_impl, same
+    process. A failing variant is recorded and the rest go on."""
     import jax
 
     from bench_decode import random_params, time_model, weight_bytes_per_token
     from jetspec_jax import config, params as P
 
-    cfg = config.preset(args.model)
-    params = random_params(P.target_specs(cfg))
-    jax.block_until_ready(params)
     rows = []
-    pallas = "pallas_interpret" if args.interpret else "pallas"
-    for impl in ("xla", pallas):
-        try:
-            row = time_model(cfg.replace(matmul_impl=impl), params, args.context, args.attn_impl,
-                             PEAK_TBPS * 1e12)
-            row.update(matmul_impl=impl, weight_TBps=weight_bytes_per_token(cfg)
-                       / (row["ms_per_token"] * 1e-3) / 1e12)
-        except Exception as e:
-            row = {"model": cfg.name, "matmul_impl": impl,
-                   "error": f"{type(e).__name__}: {str(e)[:300]}"}
-            traceback.print_exc(limit=2)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    del params
-    jax.clear_caches()
+    for name, impls in models.items():
+        cfg = config.preset(name)
+        t = time.perf_counter()
+        params = random_params(P.target_specs(cfg))
+        jax.block_until_ready(params)
+        print(f"{name}: random weights in {time.perf_counter() - t:.1f} s", flush=True)
+        for impl in impls:
+            if impl == "pallas" and args.interpret:
+                impl = "pallas_interpret"
+            try:
+                row = time_model(cfg.replace(matmul_impl=impl), params, args.context,
+                                 args.attn_impl, PEAK_TBPS * 1e12)
+                row.update(matmul_impl=impl, weight_TBps=weight_bytes_per_token(cfg)
+                           / (row["ms_per_token"] * 1e-3) / 1e12)
+            except Exception as e:
+                row = {"model": cfg.name, "matmul_impl": impl,
+                       "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                traceback.print_exc(limit=2)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del params
+        jax.clear_caches()
     return rows
+
+
+def tuned_table(rows, margin, device):
+    """The `matmul_impl="tuned"` table: per dense (K, N, M), the best correct kernel config
+    where it beat XLA's time by more than `margin` (0.03: 3%)."""
+    entries = []
+    for (k, n, m), group in _groups(r for r in rows if r.get("kernel", "gemv") == "gemv"):
+        xla = next((r for r in group if r["impl"] == "xla" and _timed(r)), None)
+        ok = [r for r in group if r["impl"] == "pallas" and _timed(r)
+              and r["rel_err"] <= ERR_TOL]
+        best = max(ok, key=lambda r: r["TBps"], default=None)
+        if xla and best and best["TBps"] > (1 + margin) * xla["TBps"]:
+            entries.append({"kernel": "gemv", "shape": best["shape"], "K": k, "N": n, "M": m,
+                            "dtype": best.get("dtype", "bfloat16"), "config": best["config"],
+                            "TBps": round(best["TBps"], 3), "xla_TBps": round(xla["TBps"], 3)})
+    return {"device": device, "source": "bench/bench_gemv_pallas.py", "margin": margin,
+            "entries": entries}
+
+
+def _groups(rows):
+    out = {}
+    for r in rows:
+        out.setdefault((r["K"], r["N"], r["M"]), []).append(r)
+    return out.items()
 
 
 def fmt_cfg(c):
@@ -225,7 +296,9 @@ def report(result):
         best = max(filter(_timed, pal), key=lambda r: r["TBps"], default=None)
         err = max((r["rel_err"] for r in pal), default=math.nan)
         g = group[0]
-        lines.append(f"| {shape} [{g['K']}, {g['N']}] | {m} | {g['layers']} | {_cell(xla)} | "
+        experts = f"{g['E']} x " if g.get("E") else ""
+        lines.append(f"| {shape} [{experts}{g['K']}, {g['N']}] | {m} | {g['layers']} | "
+                     f"{_cell(xla)} | "
                      f"{_cell(default)} | {_cell(best)} | "
                      f"{fmt_cfg(best['config']) if best else ''} | {err:.1e} |")
     wrong = [r for r in rows if not r["rel_err"] <= ERR_TOL]
@@ -237,15 +310,20 @@ def report(result):
         f = failed[0]
         lines.append(f"\n{len(failed)} variants failed, e.g. {f['shape']} M={f['M']} "
                      f"{fmt_cfg(f['config'])}: {f['error'][:200]}")
-    lines += ["", "| decode step | matmul | ms/token | tok/s | TB/s (weights + KV) | "
-              f"% of {PEAK_TBPS} | weights-only TB/s |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| decode step | matmul | ms/token | vs xla | tok/s | TB/s (weights + KV) | "
+              f"% of {PEAK_TBPS} | weights-only TB/s |", "|---|---|---|---|---|---|---|---|"]
+    xla_ms = {r["model"]: r["ms_per_token"] for r in result["decode"]
+              if r.get("matmul_impl") == "xla" and "ms_per_token" in r}
     for r in result["decode"]:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['matmul_impl']} | error: {r['error'][:80]} |||||")
+            lines.append(f"| {r['model']} | {r['matmul_impl']} | error: {r['error'][:80]} "
+                         "||||||")
             continue
+        ratio = xla_ms.get(r["model"], math.nan) / r["ms_per_token"]
         lines.append(f"| {r['model']} ctx {r['context']} | {r['matmul_impl']} | "
-                     f"{r['ms_per_token']:.3f} | {r['tok_s']:.0f} | {r['achieved_TBps']:.2f} | "
-                     f"{100 * r['achieved_TBps'] / PEAK_TBPS:.0f}% | {r['weight_TBps']:.2f} |")
+                     f"{r['ms_per_token']:.3f} | {ratio:.2f}x | {r['tok_s']:.0f} | "
+                     f"{r['achieved_TBps']:.2f} | {100 * r['achieved_TBps'] / PEAK_TBPS:.0f}% | "
+                     f"{r['weight_TBps']:.2f} |")
     print("\n".join(lines))
 
 
@@ -254,44 +332,78 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true",
-                        help="tiny shapes and model, few repeats (CPU check of the script)")
+                        help="tiny shapes and models, few repeats (CPU check of the script)")
     parser.add_argument("--ms", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--sweep", type=int, default=7, help="kernel configs per shape and M")
-    parser.add_argument("--stack-gb", type=float, default=1.1)
+    parser.add_argument("--stack-gb", type=float, default=1.1, help="weights read per rep")
+    parser.add_argument("--max-stack-gb", type=float, default=8.0, help="weights allocated")
     parser.add_argument("--max-layers", type=int, default=64)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--budget-s", type=float, default=210)
-    parser.add_argument("--model", default="qwen3-8b")
+    parser.add_argument("--budget-s", type=float, default=210, help="for the shape sweep")
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--attn-impl", default="auto")
-    parser.add_argument("--no-decode", action="store_true")
+    parser.add_argument("--no-decode", action="store_true", help="shape sweep only")
+    parser.add_argument("--decode-only", action="store_true", help="decode steps only")
+    parser.add_argument("--decode-models", nargs="+", default=list(DECODE),
+                        help=f"models of the decode steps, of {list(DECODE)}")
+    parser.add_argument("--write-table", default=None,
+                        help="write the tuned table (dense shapes where the kernel won) here")
+    parser.add_argument("--margin", type=float, default=0.03,
+                        help="a table entry needs the kernel this much faster than XLA")
+    parser.add_argument("--table-from", default=None,
+                        help="only write --write-table from the rows of this earlier --out")
     args = parser.parse_args()
+
+    if args.table_from:
+        old = json.loads(Path(args.table_from).read_text())
+        table = tuned_table(old["rows"], args.margin, old["device"])
+        table["source"] += f" --table-from {Path(args.table_from).name}"
+        Path(args.write_table).write_text(json.dumps(table, indent=1) + "\n")
+        print(json.dumps(table["entries"], indent=1))
+        return
 
     import jax
 
-    args.interpret = jax.default_backend() != "gpu"  # CPU: the kernel in interpret mode
-    shapes = SHAPES
+    args.interpret = jax.default_backend() != "gpu"  # CPU: the kernels in interpret mode
+    shapes, grouped, decode_models = SHAPES, GROUPED_SHAPES, {m: DECODE[m]
+                                                              for m in args.decode_models}
     if args.quick:
-        shapes = QUICK_SHAPES
+        shapes, grouped, decode_models = QUICK_SHAPES, QUICK_GROUPED, QUICK_DECODE
         args.ms = [m for m in args.ms if m <= 4] or [1]
         args.sweep, args.stack_gb, args.max_layers = 2, 1e-3, 2
-        args.reps, args.repeats, args.model, args.context = 3, 2, "tiny-dense", 16
+        args.reps, args.repeats, args.context = 3, 2, 16
+    if args.decode_only:
+        shapes, grouped = {}, {}
     start = time.perf_counter()
     rows = []
     first, rest = args.ms[:1], args.ms[1:]
-    # M = 1 (batch-1 decode) for every shape first, then the decode step, then larger M.
-    for name, (k, n) in shapes.items():
-        bench_shape(name, k, n, first, args, start + 0.45 * args.budget_s, rows)
-    decode = [] if args.no_decode else bench_decode_step(args)
-    for name, (k, n) in shapes.items():
-        bench_shape(name, k, n, rest, args, start + args.budget_s - 10, rows)
-    result = {"rows": rows, "decode": decode, "device": str(jax.devices()[0].device_kind),
+
+    def sweep(ms, deadline):
+        for name, (k, n) in shapes.items():
+            bench_shape(name, k, n, ms, args, deadline, rows)
+        for name, (e, k, n) in grouped.items():
+            done = {r["M"] for r in rows if r["shape"] == name}
+            pairs = sorted({min(GROUPED_PAIRS.get(m, 32), e) for m in ms} - done)
+            if pairs:
+                bench_shape(name, k, n, pairs, args, deadline, rows, num_experts=e)
+
+    # M = 1 (batch-1 decode) for every shape first, then the decode steps, then larger M.
+    sweep(first, start + 0.45 * args.budget_s)
+    swept_s = time.perf_counter() - start
+    decode = [] if args.no_decode else bench_decode_steps(decode_models, args)
+    sweep(rest, time.perf_counter() + args.budget_s - swept_s - 10)
+    device = str(jax.devices()[0].device_kind)
+    result = {"rows": rows, "decode": decode, "device": device,
               "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
               "host": platform.node(), "peak_TBps": PEAK_TBPS,
               "wall_s": time.perf_counter() - start}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.write_table:
+        table = tuned_table(rows, args.margin, device)
+        Path(args.write_table).write_text(json.dumps(table, indent=1) + "\n")
+        print(f"tuned table: {len(table['entries'])} entries -> {args.write_table}")
     report(result)
 
 

@@ -20,10 +20,12 @@ SUPPORTED_ARCHITECTURES = {
 }
 
 
-# How dense projections multiply (`layers.project`): "xla" einsums; "pallas" the split-K
-# weight-streaming kernel (pallas_kernels.gemv) where it serves (NVIDIA GPU, M <= 32 rows),
-# XLA elsewhere; "pallas_interpret" the same kernel in interpret mode (CPU tests).
-MATMUL_IMPLS = ("xla", "pallas", "pallas_interpret")
+# How dense projections and few-pair MoE experts multiply (`layers.project`, `layers.moe`):
+# "xla" einsums; "pallas" the split-K weight-streaming kernels (pallas_kernels.gemv) where
+# they serve (NVIDIA GPU, M <= 32 rows), XLA elsewhere; "tuned" the dense kernel only for the
+# shapes where this device's table (pallas_kernels/gemv/tuned_<gpu>.json) says it beats XLA,
+# the MoE kernel as "pallas"; "pallas_interpret" the kernels in interpret mode (CPU tests).
+MATMUL_IMPLS = ("xla", "pallas", "tuned", "pallas_interpret")
 
 
 class ConfigError(ValueError):

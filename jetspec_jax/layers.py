@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.gemv import small_m_matmul
+from pallas_kernels.gemv import grouped_small_m_matmul, small_m_matmul
 
 
 def rms_norm(x, weight, eps):
@@ -33,7 +34,8 @@ def rope(x, positions, theta):
 def project(eq, x, w, matmul_impl="xla", out_dtype=None):
     """A dense projection `einsum(eq, x, w)` whose contracted axes are x's last and w's first
     (e.g. "BTNH,NHD->BTD"). matmul_impl (`ModelConfig.matmul_impl`) other than "xla" runs it
-    as x [M, K] @ w [K, N] through `pallas_kernels.gemv` (the kernel where it serves)."""
+    as x [M, K] @ w [K, N] through `pallas_kernels.gemv`: the kernel where it serves, or for
+    "tuned" only where this device's table says it beats XLA."""
     if matmul_impl == "xla":
         return jnp.einsum(eq, x, w, preferred_element_type=out_dtype)
     x_axes, rest = eq.split(",")
@@ -43,6 +45,7 @@ def project(eq, x, w, matmul_impl="xla", out_dtype=None):
         raise ValueError(f"project: {eq} is not x's trailing axes against w's leading ones")
     lead, tail = x.shape[:-c], w.shape[c:]
     y = small_m_matmul(x.reshape(math.prod(lead), -1), w.reshape(-1, math.prod(tail)),
+                       impl="tuned" if matmul_impl == "tuned" else "auto",
                        interpret=matmul_impl == "pallas_interpret", out_dtype=out_dtype)
     return y.reshape(lead + tail)
 
@@ -54,11 +57,14 @@ def swiglu(x, gate, up, down, matmul_impl="xla"):
     return project("BTF,FD->BTD", h, down, matmul_impl)
 
 
-def moe(x, router, gate, up, down, *, top_k, normalize):
+def moe(x, router, gate, up, down, *, top_k, normalize, matmul_impl="xla"):
     """Qwen3-MoE block. x [B, T, D]; router [D, E]; gate, up [E, D, F]; down [E, F, D].
 
     Tokens are sorted by expert and run through grouped matmuls (`ragged_dot`), so the cost
-    follows the number of (token, expert) pairs, not the number of experts.
+    follows the number of (token, expert) pairs, not the number of experts. With few pairs
+    (batch-1 decode) each pair multiplies its expert's weights directly: matmul_impl "xla"
+    gathers them (XLA copies the gathered weights), any other the grouped Pallas kernel reads
+    them in place (where it serves; "tuned" too: the gather it replaces is the slow part).
     """
     b, t, d = x.shape
     num_experts = router.shape[-1]
@@ -73,10 +79,12 @@ def moe(x, router, gate, up, down, *, top_k, normalize):
     flat_experts = experts.reshape(-1)  # [BT*k]
     if flat_experts.shape[0] <= num_experts // 2:
         # Few (token, expert) pairs, as in batch-1 decoding: read only the chosen experts.
-        pair_x = jnp.repeat(tokens, top_k, axis=0)  # [BT*k, D]
-        h = jax.nn.silu(jnp.einsum("MD,MDF->MF", pair_x, gate[flat_experts])) * jnp.einsum(
-            "MD,MDF->MF", pair_x, up[flat_experts])
-        out = jnp.einsum("MF,MFD->MD", h, down[flat_experts]).astype(jnp.float32)
+        pair_x = jnp.repeat(tokens, top_k, axis=0)  # [P = BT*k, D]
+        mm = functools.partial(grouped_small_m_matmul, experts=flat_experts,
+                               impl="xla" if matmul_impl == "xla" else "auto",
+                               interpret=matmul_impl == "pallas_interpret")
+        h = jax.nn.silu(mm(pair_x, gate)) * mm(pair_x, up)  # [P, F]
+        out = mm(h, down).astype(jnp.float32)  # [P, D]
         combined = (out * pair_weight[:, None]).reshape(b * t, top_k, d).sum(axis=1)
         return combined.astype(x.dtype).reshape(b, t, d)
     order = jnp.argsort(flat_experts, stable=True)

@@ -48,7 +48,8 @@ def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_s
 def mlp_block(p, cfg: ModelConfig, x):
     if "router" in p:
         return moe(x, p["router"], p["gate"], p["up"], p["down"],
-                   top_k=cfg.experts_per_token, normalize=cfg.norm_topk_prob)
+                   top_k=cfg.experts_per_token, normalize=cfg.norm_topk_prob,
+                   matmul_impl=cfg.matmul_impl)
     return swiglu(x, p["gate"], p["up"], p["down"], cfg.matmul_impl)
 
 

@@ -1,10 +1,17 @@
-"""Small-M weight-streaming matmul (pallas_kernels.gemv): the kernel in interpret mode against
-the reference, the api's fallback, lowering for an H200, and a tiny model decoding with it.
+"""Small-M weight-streaming matmuls (pallas_kernels.gemv): the dense and the grouped (MoE)
+kernels in interpret mode against their references, the api's fallbacks and tuned table,
+lowering for an H200, and tiny dense / MoE models decoding with them.
 
-Interpret mode costs ~1 s per new shape on CPU, so the grid is curated: M in {1, 2, 3, 4, 16,
-32}, K and N multiples and non-multiples of the blocks, 1 to several splits (incl. more than
-there are K blocks), both the dot and the broadcast-reduce forms, float32 / bf16 inputs.
+Interpret mode costs ~1 s per new shape on CPU (and grows with the grid), so the grids are
+curated: M (pairs P) in {1, 2, 3, 4, 8, 16, 32}, K and N multiples and non-multiples of the
+blocks, 1 to several splits (incl. more than there are K blocks), both the dot and the
+broadcast-reduce forms, float32 / bf16 inputs, repeated experts.
 """
+
+import dataclasses
+import json
+from pathlib import Path
+
 
 import jax
 import jax.numpy as jnp
@@ -16,10 +23,14 @@ from jetspec_jax import layers
 from jetspec_jax.config import ConfigError
 from jetspec_jax.decode import ar_generate
 from jetspec_jax.sampling import Sampler
-from pallas_kernels.gemv import api, small_m_matmul
-from pallas_kernels.gemv.config import GemvConfig, auto_num_splits, gemv_config
+from pallas_kernels import common
+from pallas_kernels.gemv import api, grouped_small_m_matmul, small_m_matmul
+from pallas_kernels.gemv.config import (GemvConfig, auto_num_splits, gemv_config,
+                                        grouped_config, tuned_gemv_config)
+from pallas_kernels.gemv.grouped import grouped_small_m_matmul_pallas
 from pallas_kernels.gemv.kernel import small_m_matmul_pallas
-from pallas_kernels.gemv.reference import small_m_matmul_reference
+from pallas_kernels.gemv.reference import (grouped_small_m_matmul_reference,
+                                           small_m_matmul_reference)
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 # Max error relative to max |reference|: summation order (f32) or one bf16 rounding of the output.
@@ -100,6 +111,11 @@ def test_split_heuristic_fills_an_h200():
         assert -(-n // cfg.block_n) * cfg.num_splits >= 256
         s32 = auto_num_splits(32, k, n, cfg.block_k, cfg.block_n, sms=132)
         assert 8 * s32 * 32 * n <= k * n * 2 / 16
+    # Qwen3-30B-A3B experts, P = 8 pairs (batch 1): the pairs' strips count too.
+    for k, n in [(2048, 768), (768, 2048)]:
+        cfg = grouped_config(8, k, n, sms=132)
+        assert (k // cfg.block_k) % cfg.num_splits == 0
+        assert 8 * -(-n // cfg.block_n) * cfg.num_splits >= 256
 
 
 @pytest.mark.parametrize("m,k,n,cfg,out_dtype", [
@@ -141,3 +157,144 @@ def test_greedy_decode_identical_with_pallas_matmul():
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     with pytest.raises(ConfigError, match="matmul_impl"):
         cfg.replace(matmul_impl="cublas")
+
+
+GROUPED_CASES = [
+    # (experts [P] ids, E, K, N, config, input dtype, out dtype or None)
+    ([2], 4, 256, 128, GemvConfig(block_k=64, block_n=64, num_splits=1), F32, None),
+    ([2, 2, 0], 5, 300, 200, GemvConfig(block_k=64, block_n=64, num_splits=3), BF16, None),
+    ([7, 1, 1, 3, 0, 7, 5, 2], 8, 100, 48, GemvConfig(block_k=32, block_n=16, num_splits=8),
+     BF16, F32),  # splits > K blocks, N tail
+    ([3, 0, 2, 1, 3, 3, 0, 2], 4, 200, 130, GemvConfig(block_k=64, block_n=64, num_splits=2,
+                                                       use_dot=False), F32, None),
+    (list(range(16, 0, -1)), 17, 96, 40, GemvConfig(block_k=128, block_n=64, num_splits=1),
+     F32, None),  # K < block_k
+    ([i % 5 for i in range(32)], 6, 160, 64, None, BF16, None),  # heuristic config
+    ([i * 7 % 40 for i in range(32)], 40, 64, 32, GemvConfig(block_k=32, block_n=32,
+                                                             use_dot=False), BF16, F32),
+]
+
+
+def grouped_operands(num_pairs, e, k, n, dtype, seed=0):
+    kx, kw = jax.random.split(jax.random.key(seed))
+    return jax.random.normal(kx, (num_pairs, k), dtype), jax.random.normal(kw, (e, k, n), dtype)
+
+
+@pytest.mark.parametrize("experts,e,k,n,cfg,dtype,out_dtype", GROUPED_CASES,
+                         ids=lambda v: str(v)[:40])
+def test_grouped_kernel_matches_reference(experts, e, k, n, cfg, dtype, out_dtype):
+    x, w = grouped_operands(len(experts), e, k, n, dtype)
+    ids = jnp.asarray(experts, jnp.int32)
+    y = grouped_small_m_matmul_pallas(x, w, ids, out_dtype=out_dtype, config=cfg,
+                                      interpret=True)
+    ref = grouped_small_m_matmul_reference(x, w, ids, out_dtype)
+    assert y.shape == (len(experts), n) and y.dtype == ref.dtype
+    assert rel_err(y, ref) <= TOL[jnp.dtype(out_dtype or dtype)]
+
+
+def test_grouped_api_impls_and_fallback(monkeypatch):
+    x, w = grouped_operands(3, 4, 96, 40, F32)
+    ids = jnp.asarray([3, 0, 3], jnp.int32)
+    ref = grouped_small_m_matmul_reference(x, w, ids)
+    for impl in ("xla", "pallas", "auto"):
+        np.testing.assert_allclose(grouped_small_m_matmul(x, w, ids, impl=impl, interpret=True),
+                                   ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown matmul impl"):
+        grouped_small_m_matmul(x, w, ids, impl="tuned")
+    x33 = jnp.ones((33, 96), F32)  # more pairs than the kernel takes
+    ids33 = jnp.zeros((33,), jnp.int32)
+    with pytest.raises(NotImplementedError, match="pairs"):
+        grouped_small_m_matmul(x33, w, ids33, impl="pallas", interpret=True)
+    np.testing.assert_allclose(grouped_small_m_matmul(x33, w, ids33, interpret=True),
+                               grouped_small_m_matmul_reference(x33, w, ids33), rtol=1e-5)
+
+    def boom(*a, **kw):
+        raise AssertionError("kernel called on CPU")
+
+    monkeypatch.setattr(api, "grouped_small_m_matmul_pallas", boom)
+    np.testing.assert_allclose(grouped_small_m_matmul(x, w, ids), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_pairs,e,k,n,cfg", [
+    (8, 128, 2048, 768, None),  # Qwen3-30B-A3B gate/up, batch 1
+    (32, 128, 768, 2048, None),  # down, batch 4
+    (3, 6, 1000, 300, GemvConfig(block_k=64, block_n=128, num_splits=4, use_dot=False)),
+])
+def test_grouped_lowers_for_h200(num_pairs, e, k, n, cfg):
+    from pallas_kernels.lowering_check import lower_for_gpu
+
+    x, w = jnp.zeros((num_pairs, k), BF16), jnp.zeros((e, k, n), BF16)
+    ids = jnp.zeros((num_pairs,), jnp.int32)
+    text = lower_for_gpu(grouped_small_m_matmul_pallas, x, w, ids, config=cfg)
+    assert "__gpu$xla.gpu.triton" in text
+
+
+SHIPPED_TABLE = Path(api.__file__).parent / "tuned_h200.json"
+
+
+def test_tuned_table_lookup():
+    """The shipped H200 table: the kernel only where it won at M=1 (k/v, gate/up, LM head)
+    and M=4 (LM head, serving M=3 too); XLA (None) for q/o, down, other M, other dtypes."""
+    def look(m, k, n, dtype=BF16):
+        return tuned_gemv_config(m, k, n, dtype, path=SHIPPED_TABLE)
+
+    kv = look(1, 4096, 1024)
+    assert kv is not None and kv.block_n == 64 and kv.num_splits == 16
+    assert look(1, 4096, 12288) is not None and look(1, 4096, 151936).num_splits == 1
+    assert look(4, 4096, 151936) is not None and look(3, 4096, 151936) is not None
+    for m, k, n in [(1, 4096, 4096), (1, 12288, 4096), (2, 4096, 1024), (4, 4096, 12288)]:
+        assert look(m, k, n) is None
+    assert look(1, 4096, 1024, F32) is None
+    assert tuned_gemv_config(1, 4096, 1024, BF16) is None  # CPU: no device table
+
+
+def test_tuned_impl_uses_the_table(tmp_path, monkeypatch):
+    """impl="tuned" runs the kernel with the table's config for a listed shape only; XLA for
+    the rest, and on a CPU unless interpret=True."""
+    cfg = GemvConfig(block_k=32, block_n=16, num_splits=2)
+    table = tmp_path / "tuned_test.json"
+    table.write_text(json.dumps({"entries": [
+        {"kernel": "gemv", "K": 96, "N": 40, "M": 4, "dtype": "float32",
+         "config": dataclasses.asdict(cfg)},
+        {"kernel": "gemv", "K": 96, "N": 40, "M": 1, "dtype": "float32",
+         "config": {"no_such_knob": 1}}]}))
+    monkeypatch.setattr(common, "tuned_path", lambda op_dir: table)
+    used = []
+
+    def spy(x, w, **kw):
+        used.append(kw["config"])
+        return small_m_matmul_pallas(x, w, **kw)
+
+    monkeypatch.setattr(api, "small_m_matmul_pallas", spy)
+    x, w = operands(3, 96, 40, F32)
+    np.testing.assert_allclose(small_m_matmul(x, w, impl="tuned", interpret=True),
+                               small_m_matmul_reference(x, w), rtol=1e-5, atol=1e-5)
+    assert used == [cfg]
+    for args in [operands(1, 96, 40, F32),  # broken entry: skipped
+                 operands(3, 96, 48, F32)]:  # no entry
+        small_m_matmul(*args, impl="tuned", interpret=True)
+    small_m_matmul(x, w, impl="tuned")  # CPU without interpret
+    assert used == [cfg]
+
+
+def test_moe_greedy_decode_identical_with_grouped_kernel(monkeypatch):
+    """A tiny float32 MoE target (16 experts, top-2) decodes the same tokens with the grouped
+    kernel (interpret mode: decode steps of 3 rows = 6 pairs take the few-pairs path) as with
+    XLA's gather, and with matmul_impl="tuned" (on a CPU: XLA throughout)."""
+    calls = []
+
+    def spy(*a, **kw):
+        calls.append(a[2].shape)
+        return grouped_small_m_matmul_pallas(*a, **kw)
+
+    monkeypatch.setattr(api, "grouped_small_m_matmul_pallas", spy)
+    cfg, params = tiny_target("moe", seed=4, vocab=16, num_experts=16)
+    prompt, lens = random_prompts(np.random.default_rng(1), 3, 5, cfg.vocab_size)
+    kw = dict(max_new=5, sampler=Sampler(), stop_ids=(), num_slots=16)
+    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **kw)
+    for impl in ("pallas_interpret", "tuned"):
+        got = ar_generate(params, prompt, lens, jax.random.key(0),
+                          cfg=cfg.replace(matmul_impl=impl), **kw)
+        np.testing.assert_array_equal(np.asarray(got.num_tokens), np.asarray(want.num_tokens))
+        np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    assert (6,) in calls  # the kernel ran (traced) for the decode steps' pairs

@@ -1,8 +1,10 @@
-"""Weight-streaming matmul for few rows (decode projections): x [M, K] @ w [K, N], M <= 32.
+"""Weight-streaming matmuls for few rows (decode projections): x [M, K] @ w [K, N], M <= 32,
+and its grouped form for MoE experts, y[p] = x[p] @ w[experts[p]].
 
-Implementations: `xla` (jnp.dot) and `pallas` (split-K, Triton lowering, any NVIDIA GPU);
-`small_m_matmul(..., impl="auto")` picks one for the device and falls back to XLA."""
+Implementations: `xla` and `pallas` (split-K, Triton lowering, any NVIDIA GPU);
+`impl="auto"` picks one for the device and falls back to XLA; `impl="tuned"` (dense) uses the
+kernel only for the shapes of this device's tuned table (`tuned_<device>.json`)."""
 
-from pallas_kernels.gemv.api import small_m_matmul
+from pallas_kernels.gemv.api import grouped_small_m_matmul, small_m_matmul
 
-__all__ = ["small_m_matmul"]
+__all__ = ["grouped_small_m_matmul", "small_m_matmul"]

@@ -14,3 +14,10 @@ def small_m_matmul_reference(x, w, out_dtype=None):
     y = jnp.dot(x, w, preferred_element_type=jnp.float32,
                 precision=jax.lax.Precision.HIGHEST)
     return y.astype(out_dtype)
+
+
+def grouped_small_m_matmul_reference(x, w, experts, out_dtype=None):
+    """x [P, K], w [E, K, N], experts [P] -> [P, N]: y[p] = x[p] @ w[experts[p]], float32
+    accumulation (one dense matmul per pair)."""
+    return jnp.concatenate([small_m_matmul_reference(x[p:p + 1], w[int(e)], out_dtype)
+                            for p, e in enumerate(experts.tolist())])
