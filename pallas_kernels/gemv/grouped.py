@@ -22,7 +22,7 @@ from jax.experimental.pallas import triton as pltr
 
 from pallas_kernels import common
 from pallas_kernels.gemv.config import GemvConfig, auto_num_splits, grouped_config
-from pallas_kernels.gemv.kernel import DTYPES, MAX_ROWS, _outer
+from pallas_kernels.gemv.kernel import _outer, operand_problem
 
 DOT_ROWS = 16  # the smallest dot Triton emits: the pair's row, then zero rows
 
@@ -70,16 +70,7 @@ def supported(x, w, experts, config: GemvConfig) -> str | None:
         return f"needs x [P, K] and w [E, K, N], got {x.shape} and {w.shape}"
     if experts.shape != x.shape[:1] or not jnp.issubdtype(experts.dtype, jnp.integer):
         return f"needs integer experts [P={x.shape[0]}], got {experts.dtype}{experts.shape}"
-    if not 1 <= x.shape[0] <= MAX_ROWS:
-        return f"P={x.shape[0]} pairs outside [1, {MAX_ROWS}]"
-    if x.dtype != w.dtype or jnp.dtype(x.dtype) not in DTYPES:
-        return f"dtypes {x.dtype} @ {w.dtype} (needs one of bf16, f16, f32 for both)"
-    if w.size >= 2**31:
-        return f"w has {w.size} elements: int32 offsets would overflow"
-    for name, b in (("block_k", config.block_k), ("block_n", config.block_n)):
-        if b < 16 or b & (b - 1):
-            return f"{name}={b} must be a power of two >= 16"
-    return None
+    return operand_problem(x, w, config, rows="P", unit="pairs")
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "config", "interpret"))

@@ -75,22 +75,27 @@ def _outer(rows_ok, cols_ok, shape):
     return rows_ok[:, None] & cols_ok[None, :]
 
 
-def supported(x, w, config: GemvConfig) -> str | None:
-    """None if the kernel serves these operands, else the reason."""
-    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
-        return f"needs x [M, K] @ w [K, N], got {x.shape} @ {w.shape}"
+def operand_problem(x, w, config: GemvConfig, rows: str = "M", unit: str = "rows") -> str | None:
+    """What the kernels cannot serve in x [rows, K], w [..., K, N] and config, or None."""
     if not 1 <= x.shape[0] <= MAX_ROWS:
-        return f"M={x.shape[0]} rows outside [1, {MAX_ROWS}]"
+        return f"{rows}={x.shape[0]} {unit} outside [1, {MAX_ROWS}]"
     if x.dtype != w.dtype or jnp.dtype(x.dtype) not in DTYPES:
         return f"dtypes {x.dtype} @ {w.dtype} (needs one of bf16, f16, f32 for both)"
     if w.size >= 2**31:
         return f"w has {w.size} elements: int32 offsets would overflow"
-    if not config.use_dot and x.shape[0] > 4:
-        return f"broadcast-reduce form serves M <= 4, got M={x.shape[0]}"
     for name, b in (("block_k", config.block_k), ("block_n", config.block_n)):
         if b < 16 or b & (b - 1):
             return f"{name}={b} must be a power of two >= 16"
     return None
+
+
+def supported(x, w, config: GemvConfig) -> str | None:
+    """None if the kernel serves these operands, else the reason."""
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+        return f"needs x [M, K] @ w [K, N], got {x.shape} @ {w.shape}"
+    if not config.use_dot and x.shape[0] > 4:
+        return f"broadcast-reduce form serves M <= 4, got M={x.shape[0]}"
+    return operand_problem(x, w, config)
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "config", "interpret"))

@@ -54,17 +54,24 @@ def mosaic_smem_bytes(cfg: MosaicConfig, head_dim: int, rows: int = 64, itemsize
     return (rows * head_dim + 2 * cfg.stages * cfg.block_k * head_dim + p_tile) * itemsize + 2048
 
 
+def _tuned(cls, kernel, num_rows, head_dim, batch, num_queries, kv_len, dtype):
+    """This device's tuned `cls` entry for the shape, or None (also when the shape is not
+    fully known)."""
+    if not (num_queries and kv_len and dtype is not None):
+        return None
+    return common.tuned_config(common.tuned_path(_HERE), cls, kernel=kernel, batch=batch,
+                               t=num_queries, group=num_rows // num_queries,
+                               head_dim=head_dim, kv_len=kv_len, dtype=dtype)
+
+
 def portable_config(num_rows: int, head_dim: int, *, batch: int = 1, num_queries: int | None = None,
                     kv_len: int | None = None, dtype=None) -> PortableConfig:
     """Config for rows = T * G packed queries: the tuned entry for the shape if there is one
     (needs num_queries, kv_len, dtype), else the heuristic."""
-    if num_queries and kv_len and dtype is not None:
-        tuned = common.tuned_config(
-            common.tuned_path(_HERE), PortableConfig, kernel="portable", batch=batch,
-            t=num_queries, group=num_rows // num_queries, head_dim=head_dim, kv_len=kv_len,
-            dtype=dtype)
-        if tuned is not None:
-            return tuned
+    tuned = _tuned(PortableConfig, "portable", num_rows, head_dim, batch, num_queries, kv_len,
+                   dtype)
+    if tuned is not None:
+        return tuned
     if num_rows <= 16:
         return PortableConfig(block_q=16, block_k=128 if head_dim <= 128 else 64, num_warps=4,
                               num_stages=3)
@@ -81,13 +88,9 @@ def portable_config(num_rows: int, head_dim: int, *, batch: int = 1, num_queries
 def mosaic_config(num_rows: int, head_dim: int, *, batch: int = 1, num_queries: int | None = None,
                   kv_len: int | None = None, dtype=None) -> MosaicConfig:
     """As `portable_config`, for the Hopper kernel."""
-    if num_queries and kv_len and dtype is not None:
-        tuned = common.tuned_config(
-            common.tuned_path(_HERE), MosaicConfig, kernel="mosaic", batch=batch,
-            t=num_queries, group=num_rows // num_queries, head_dim=head_dim, kv_len=kv_len,
-            dtype=dtype)
-        if tuned is not None:
-            return tuned
+    tuned = _tuned(MosaicConfig, "mosaic", num_rows, head_dim, batch, num_queries, kv_len, dtype)
+    if tuned is not None:
+        return tuned
     if head_dim <= 64:
         return MosaicConfig(block_k=128, stages=4)
     return MosaicConfig(block_k=64, stages=4)
