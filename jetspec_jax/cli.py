@@ -179,7 +179,7 @@ def _generate_parser(sub) -> None:
                    f"a size from {'/'.join(map(str, adaptive.DEFAULT_BUCKETS))} on a GPU, "
                    f"{'/'.join(map(str, api.CPU_BUCKETS))} on a CPU, for the most expected "
                    "tokens per second, from round costs measured once at start-up (default: "
-                   "64 on GPU, 8 on CPU)")
+                   "64 on GPU, 4 on CPU)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sampling temperature; 0 means greedy decoding (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0, metavar="K",

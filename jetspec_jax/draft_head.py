@@ -181,12 +181,14 @@ def head_hidden(dparams, dcfg: DraftConfig, cache: KVCache, x, positions, mask, 
 
 
 def draft_block(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: KVCache, anchor,
-                *, attn_impl="reference"):
+                *, depths: int | None = None, attn_impl="reference"):
     """One forward of the block [anchor, MASK...] against the cached context.
 
-    Returns draft logits [B, blk-1, V] for depths 1..blk-1 (float32)."""
+    Returns draft logits [B, depths, V] for depths 1..depths (float32; default all blk-1).
+    The tree of a small budget cannot use the deep slots, and their LM head (a [V, D] matmul
+    per slot) is the costly part of the draft on a CPU."""
     b, blk = anchor.shape[0], dcfg.block_size
     positions = cache.lengths[:, None] + jnp.arange(blk, dtype=jnp.int32)
     x = head_hidden(dparams, dcfg, cache, block_inputs(dparams, dcfg, tparams, anchor),
                     positions, block_mask(dcfg, b), attn_impl=attn_impl)
-    return target.lm_head(tparams, tcfg, x[:, 1:])
+    return target.lm_head(tparams, tcfg, x[:, 1:1 + (blk - 1 if depths is None else depths)])

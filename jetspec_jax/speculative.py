@@ -21,7 +21,7 @@ from jetspec_jax.decode import Output, check_capacity, prefill
 from jetspec_jax.draft_head import DraftConfig
 from jetspec_jax.sampling import Sampler, choose_tokens
 from jetspec_jax.sharding import constrain_state
-from jetspec_jax.tree import METHODS, build_trees, topk_from_logits
+from jetspec_jax.tree import METHODS, build_trees, reachable_depth, topk_from_logits
 from jetspec_jax.verify import accept, commit, verify_tree
 
 MAX_BUDGET = 1024
@@ -95,9 +95,10 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, st
     active = ~state.out.done
     dcache = draft_head.extend_context(dparams, dcfg, state.draft_cache, state.pending_taps,
                                        jnp.where(active, state.pending_count, 0))
-    draft_logits = draft_head.draft_block(dparams, dcfg, tparams, tcfg, dcache, state.anchor,
-                                          attn_impl=attn_impl)
     width = 1 if tree_spec.method == "chain" else tree_spec.width
+    depths = max(1, min(dcfg.depth, reachable_depth(tree_spec.budget, width, tree_spec.method)))
+    draft_logits = draft_head.draft_block(dparams, dcfg, tparams, tcfg, dcache, state.anchor,
+                                          depths=depths, attn_impl=attn_impl)
     topk_lp, topk_tok = topk_from_logits(draft_logits, width)
     tree = build_trees(state.anchor, topk_lp, topk_tok, budget=tree_spec.budget,
                        method=tree_spec.method)

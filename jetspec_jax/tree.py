@@ -72,6 +72,15 @@ def tree_caps(topk_logprobs, method: str, beta=1.0, g0=1.0) -> jax.Array:
     return jnp.clip(jnp.round(width * share).astype(jnp.int32), 1, width)
 
 
+def reachable_depth(budget: int, width: int, method: str) -> int:
+    """The deepest node a tree of `budget` nodes can hold. accum_logp expands every node into
+    min(width, nodes left) children, so reaching depth d takes at least 1 + width * (d - 1) + 1
+    nodes; chain and top2gap caps can be 1 (a chain of budget - 1)."""
+    if method == "accum_logp":
+        return -(-(budget - 1) // width)
+    return budget - 1
+
+
 def _check(topk_logprobs, topk_tokens, budget, method, batched):
     if method not in METHODS:
         raise ValueError(f"unknown tree method {method!r}; expected one of {METHODS}")

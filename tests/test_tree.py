@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jetspec_jax.tree import (
-    METHODS, DraftTree, build_tree, build_trees, topk_from_logits, tree_caps,
+    METHODS, DraftTree, build_tree, build_trees, reachable_depth, topk_from_logits, tree_caps,
 )
 from jetspec_jax.tree_reference import build_tree_numpy, tree_caps_numpy
 
@@ -108,6 +108,23 @@ def test_batched_matches_reference(budget, width, depth):
             want = build_tree_numpy(roots[b], lp[b], tk[b], budget, method)
             assert_same(tree_at(got, b), want, f"{method} row {b}")
             check_invariants(tree_at(got, b), lp[b], tk[b], budget, method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_draft_depths_past_the_reachable_one_change_nothing(method):
+    """The speculative round drafts only reachable_depth(budget, width, method) depths: the
+    trees must be those of all 15 depths, and no tree may go deeper."""
+    rng = np.random.default_rng(7)
+    for budget, width in itertools.product([2, 4, 8, 9, 15, 16, 23, 64], [1, 3, 7]):
+        reach = reachable_depth(budget, width, method)
+        roots, lp, tk = random_topk(rng, BATCH, 15, width)
+        full = build_trees(roots, lp, tk, budget=budget, method=method)
+        assert int(full.depths.max()) <= reach, (budget, width)
+        if reach < 15:
+            cut = build_trees(roots, lp[:, :reach], tk[:, :reach], budget=budget, method=method)
+            for name in ("tokens", "parents", "depths", "scores", "valid", "ancestors"):
+                np.testing.assert_array_equal(getattr(cut, name), getattr(full, name),
+                                              f"{name} budget {budget} width {width}")
 
 
 @pytest.mark.parametrize("budget,width,depth", GRID)
