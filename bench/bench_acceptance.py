@@ -62,6 +62,7 @@ def merge_rows(rows):
             "ar_tokens_per_s": tokens / ar_seconds, "speedup": ar_seconds / seconds,
             "tau": sum(i * n for i, n in enumerate(hist)) / max(rounds, 1), "tau_hist": hist,
             "identical": all(r["identical"] for r in rows),
+            "identical_batches": f"{sum(bool(r['identical']) for r in rows)}/{len(rows)}",
             "compile_s": sum(r["compile_s"] for r in rows)}
 
 
@@ -117,7 +118,7 @@ def main():
         print(f"| {r['benchmark']} | {r['budget']} | {r['tau']:.2f} | "
               f"{r.get('tau_sampled', float('nan')):.2f} | {r['tokens_per_s']:.1f} | "
               f"{r['ar_tokens_per_s']:.1f} | {r['speedup']:.2f}x | "
-              f"{'yes' if r['identical'] else 'NO'} |")
+              f"{'yes' if r['identical'] else 'NO'} ({r['identical_batches']} batches) |")
 
 
 if __name__ == "__main__":
