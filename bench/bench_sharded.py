@@ -270,6 +270,8 @@ def main():
                     if os.environ.get("OUT") else None)
     args = ap.parse_args()
     args.dtype = jnp.dtype(args.dtype)
+    if args.dtype == jnp.float32:  # true float32 dots: GPUs otherwise may use TF32, whose
+        jax.config.update("jax_default_matmul_precision", "highest")  # errors flip near-ties
     spec = args.mesh or f"tp={jax.device_count()}"
     meshes = {"mesh": sharding.make_mesh(spec), "one": sharding.make_mesh("1")}
     deadline = time.perf_counter() + args.time_budget_s
