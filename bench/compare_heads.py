@@ -84,20 +84,20 @@ def run_autoregressive(target, prompts, max_new):
             "prompt_lens": r.prompt_lens}
 
 
-def run_block_head(target, draft, prompts, budget, width, max_new):
+def run_block_head(target, draft, prompts, budget, width, max_new, temperature=0.0):
     r = api.generate(target, prompts, draft=draft, max_new_tokens=max_new, budget=budget,
-                     width=width)
+                     width=width, temperature=temperature, seed=0)
     return r.tokens, r.accepted, r.seconds, r.compile_s
 
 
-def run_eagle_head(target, ecfg, eparams, prompts, budget, width, max_new):
+def run_eagle_head(target, ecfg, eparams, prompts, budget, width, max_new, temperature=0.0):
     """`eagle.eagle_generate` on the batch laid out as `api.generate` lays it out."""
     ids = api.encode_prompts(target, prompts)
     batch = api.make_batch(target, ids, max_new, budget + ecfg.depth + 1)
     tok = target.tokenizer
     stop_ids = tuple(int(s) for s in ((tok and tok.eos_token_ids) or target.cfg.eos_token_ids))
     static = dict(tcfg=target.cfg, ecfg=ecfg, budget=budget, width=width, max_new=max_new,
-                  sampler=Sampler(), stop_ids=stop_ids, num_slots=batch.num_slots)
+                  sampler=Sampler(temperature), stop_ids=stop_ids, num_slots=batch.num_slots)
     (out, stats), compile_s, seconds = api._timed(
         eagle.eagle_generate, (target.params, eparams, batch.prompt, batch.lens,
                                jax.random.key(0)), static)
@@ -219,7 +219,9 @@ def markdown(result: dict) -> str:
              f"- machine: CPU, 2 cores ({result['machine']}; JAX backend {result['backend']}); "
              "the cores were shared with other work, so seconds are indicative only",
              f"- command: `{result['command']}`",
-             f"- target: {result['model']} (float32), greedy decoding, width {a['width']}, "
+             f"- target: {result['model']} (float32), "
+             + (f"sampling at temperature {a['temperature']} (= AR does not apply)"
+                if a.get("temperature") else "greedy decoding") + f", width {a['width']}, "
              f"tree accum_logp, {a['max_new_tokens']} new tokens, the first "
              f"{a['per_benchmark']} prompts of each benchmark decoded as one ragged batch",
              "- heads: " + "; ".join(f"{n} = `{p}`" for n, p in result["head_paths"].items()),
@@ -238,8 +240,8 @@ def markdown(result: dict) -> str:
                                             list(HEADS).index(cells[k]["head"]),
                                             cells[k]["budget"])):
         c = cells[key]
-        same = f"{c['identical']}/{c['num_prompts']}"
-        if c["identical"] < c["num_prompts"]:
+        same = "n/a" if c["identical"] is None else f"{c['identical']}/{c['num_prompts']}"
+        if c["identical"] is not None and c["identical"] < c["num_prompts"]:
             same = f"**{same}**"
         lines.append(f"| {c['benchmark']} | {c['head']} | {c['budget']} | {c['tau']:.2f} | "
                      f"{' '.join(map(str, c['tau_hist']))} | {same} | {c['seconds']:.1f} | "
@@ -257,7 +259,7 @@ def markdown(result: dict) -> str:
         h = c["tau_hist"]
         p["tok"] += sum(i * n for i, n in enumerate(h))
         p["rounds"] += sum(h)
-        p["same"] += c["identical"]
+        p["same"] += c["identical"] or 0
         p["n"] += c["num_prompts"]
         p["s"] += c["seconds"]
         p["benches"].add(c["benchmark"])
@@ -280,7 +282,8 @@ def markdown(result: dict) -> str:
                            + ("" if len(p["benches"]) == len(a["benchmarks"]) else
                               f" ({len(p['benches'])} benchmarks)"))
                 same, n = same + p["same"], n + p["n"]
-            lines.append(f"| {h} | " + " | ".join(row) + f" | {same}/{n} |")
+            lines.append(f"| {h} | " + " | ".join(row)
+                         + (" | n/a |" if a.get("temperature") else f" | {same}/{n} |"))
     cost = result.get("draft_cost", [])
     if cost:
         depths = sorted({r["depth"] for r in cost if r["what"] != "context_update"})
@@ -333,6 +336,8 @@ def main():
     ap.add_argument("--budgets", type=int, nargs="+", default=[16, 64, 256])
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--width", type=int, default=7)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="> 0: sample (tau under sampling; no AR comparison, no AR run)")
     ap.add_argument("--cost-depths", type=int, nargs="+", default=[1, 2, 4, 8, 15])
     ap.add_argument("--cost-budget", type=int, default=64)
     ap.add_argument("--cost-repeats", type=int, default=7)
@@ -382,7 +387,9 @@ def main():
         prompts = BENCHMARKS[bench]()[: args.per_benchmark]
         ar_key = f"{bench}"
         ar = result["ar"].get(ar_key)
-        if ar is None or len(ar["tokens"]) != len(prompts) or ar.get("max_new") != \
+        if args.temperature > 0:
+            ar = None
+        elif ar is None or len(ar["tokens"]) != len(prompts) or ar.get("max_new") != \
                 args.max_new_tokens:
             if not any(b == bench for b, _, _ in todo):
                 continue
@@ -404,11 +411,14 @@ def main():
                         result["notes"].append(f"{key}: EAGLE budget cut to {b} (all "
                                                f"candidates at depth {ecfg.depth})")
                     tokens, accepted, seconds, compile_s = run_eagle_head(
-                        target, ecfg, eparams, prompts, b, args.width, args.max_new_tokens)
+                        target, ecfg, eparams, prompts, b, args.width, args.max_new_tokens,
+                        args.temperature)
                 else:
                     tokens, accepted, seconds, compile_s = run_block_head(
-                        target, head, prompts, budget, args.width, args.max_new_tokens)
-                same = [t == a for t, a in zip(tokens, ar["tokens"])]
+                        target, head, prompts, budget, args.width, args.max_new_tokens,
+                        args.temperature)
+                same = [True] * len(prompts) if ar is None else [
+                    t == a for t, a in zip(tokens, ar["tokens"])]
                 hist = hist_of(accepted)
                 rounds = sum(hist)
                 cell = dict(benchmark=bench, head=name, budget=budget,
@@ -416,8 +426,8 @@ def main():
                             tau=sum(i * n for i, n in enumerate(hist)) / max(rounds, 1),
                             tau_per_prompt=[sum(x) / max(len(x), 1) for x in accepted],
                             tau_hist=hist, rounds=rounds, tokens=sum(map(len, tokens)),
-                            identical=sum(same), seconds=seconds, compile_s=compile_s,
-                            ar_seconds=ar["seconds"])
+                            identical=None if ar is None else sum(same), seconds=seconds,
+                            compile_s=compile_s, ar_seconds=ar and ar["seconds"])
                 if not all(same):
                     cell["divergence"] = [
                         dict(prompt=i, at=first_divergence(t, a), spec_len=len(t),
