@@ -80,6 +80,13 @@ def read_info(path: str | Path, kind: str | None = None) -> tuple[dict, dict]:
     return config, meta
 
 
+def carried_metadata(path: str | Path, kind: str) -> dict:
+    """The metadata of the checkpoint at path (e.g. its training settings) that a converted
+    copy keeps: all but what the writer records afresh (kind, format, dtypes)."""
+    return {k: v for k, v in read_info(path, kind)[1].items()
+            if k not in ("kind", "format", "dtypes")}
+
+
 def stored_shapes(path: str | Path):
     """The stored tree with orbax ArrayMetadata leaves (shape, dtype), nothing read."""
     try:

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError
 
-from jetspec_jax.checkpoint import (CheckpointError, load_tree, read_info, save_tree,
-                                    stored_shapes)
+from jetspec_jax.checkpoint import (CheckpointError, carried_metadata, load_tree, read_info,
+                                    save_tree, stored_shapes)
 from jetspec_jax.config import ConfigError, ModelConfig, from_hf_config
 from jetspec_jax.convert import hf
 from jetspec_jax.convert.common import ConversionError, Rule, convert_tensors
@@ -321,10 +321,7 @@ def convert_head(src: str | Path, dst: str | Path, *, dtype=None, overwrite: boo
     training settings) is kept; `metadata` adds to it."""
     dcfg, params = load_any_draft(src, dtype=dtype, progress=progress)
     root = Path(src) if Path(src).is_dir() else Path(src).parent
-    kept = {}
-    if (root / "metadata.json").exists():
-        kept = {k: v for k, v in read_info(root, KIND)[1].items()
-                if k not in ("kind", "format", "dtypes")}
+    kept = carried_metadata(root, KIND) if (root / "metadata.json").exists() else {}
     return save_draft(dst, params, dcfg, metadata={**kept, "source": str(src), **(metadata or {})},
                       overwrite=overwrite)
 

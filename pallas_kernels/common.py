@@ -126,14 +126,15 @@ def _load_tuned(path: str) -> tuple:
 
 
 def tuned_config(path, cls, *, kernel: str, batch: int, t: int, group: int, head_dim: int,
-                 kv_len: int, dtype):
-    """The tuned `cls` config for a shape from the JSON table at `path`, or None.
+                 kv_len: int | None, dtype):
+    """The tuned `cls` config for a shape from the JSON table at `path`, or None (also when
+    kv_len or dtype is unknown: callers that do not pass the shape get their heuristic).
 
     An entry serves a call when kernel, dtype, group G and head dim H are equal and batch and
     T round up to the same power of two; among those, the one with the nearest cache length S
     within a factor of 2 wins (S is tuned at a few lengths). Entries whose config does not
     build (unknown field) are skipped."""
-    if path is None or not Path(path).is_file():
+    if path is None or not kv_len or dtype is None or not Path(path).is_file():
         return None
     want = dict(kernel=kernel, G=group, H=head_dim, dtype=str(jnp.dtype(dtype)),
                 batch=next_pow2(batch), T=next_pow2(t))

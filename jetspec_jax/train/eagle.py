@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from jetspec_jax import draft_head, target
 from jetspec_jax.cache import KVCache, write_slots
-from jetspec_jax.checkpoint import load_tree, read_info, save_tree
+from jetspec_jax.checkpoint import carried_metadata, load_tree, save_tree
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.decode import Output, check_capacity, prefill
 from jetspec_jax.layers import rms_norm, rope
@@ -87,9 +87,8 @@ def convert_eagle(src, dst, *, dtype=None, overwrite=False):
     ecfg, eparams = load_eagle(src)
     if dtype is not None:
         eparams = jax.tree.map(lambda a: a.astype(dtype), eparams)
-    meta = read_info(src, KIND)[1]
-    kept = {k: v for k, v in meta.items() if k not in ("kind", "format", "dtypes")}
-    return save_eagle(dst, eparams, ecfg, metadata={**kept, "source": str(src)},
+    return save_eagle(dst, eparams, ecfg,
+                      metadata={**carried_metadata(src, KIND), "source": str(src)},
                       overwrite=overwrite)
 
 

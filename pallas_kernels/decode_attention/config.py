@@ -27,12 +27,11 @@ def decode_config(group: int, head_dim: int, *, batch: int = 1, kv_len: int | No
                   dtype=None) -> DecodeConfig:
     """The tuned entry for the shape if there is one (needs kv_len and dtype), else the
     heuristic."""
-    if kv_len and dtype is not None:
-        tuned = common.tuned_config(common.tuned_path(_HERE), DecodeConfig, kernel="decode",
-                                    batch=batch, t=1, group=group, head_dim=head_dim,
-                                    kv_len=kv_len, dtype=dtype)
-        if tuned is not None:
-            return tuned
+    tuned = common.tuned_config(common.tuned_path(_HERE), DecodeConfig, kernel="decode",
+                                batch=batch, t=1, group=group, head_dim=head_dim,
+                                kv_len=kv_len, dtype=dtype)
+    if tuned is not None:
+        return tuned
     block_h = max(16, 1 << (group - 1).bit_length())
     if head_dim > 128:
         return DecodeConfig(block_h=block_h, block_k=32, num_warps=4, num_stages=2)

@@ -22,7 +22,7 @@ from jax.experimental.pallas import triton as pltr
 
 from pallas_kernels import common
 from pallas_kernels.gemv.config import GemvConfig, auto_num_splits, grouped_config
-from pallas_kernels.gemv.kernel import _outer, operand_problem
+from pallas_kernels.gemv.kernel import _outer, operand_problem, split_k, stream_k
 
 DOT_ROWS = 16  # the smallest dot Triton emits: the pair's row, then zero rows
 
@@ -51,13 +51,8 @@ def _kernel(experts_ref, x_ref, w_ref, o_ref, *, num_experts, k, n, block_k, blo
             return acc + common.kernel_dot(x_rows, ws, precision=precision, upcast=interpret)
         return acc + xs.astype(jnp.float32)[:, None] * ws.astype(jnp.float32)
 
-    k_len = jnp.minimum(chunk, k - k0)
-    n_full = lax.div(k_len, block_k)
     acc = jnp.zeros((DOT_ROWS if use_dot else block_k, block_n), jnp.float32)
-    acc = lax.fori_loop(0, n_full, functools.partial(step, tail=False), acc)
-    if k % block_k:  # only the split holding the end of K has a partial block
-        n_all = lax.div(k_len + block_k - 1, block_k)
-        acc = lax.fori_loop(n_full, n_all, functools.partial(step, tail=True), acc)
+    acc = stream_k(step, acc, k0=k0, chunk=chunk, k=k, block_k=block_k)
     y = jnp.sum(acc, axis=0)  # dot form: rows other than the first are exactly zero
 
     dst = o_ref.at[p, cols] if num_splits == 1 else o_ref.at[split, p, cols]
@@ -85,11 +80,8 @@ def grouped_small_m_matmul_pallas(x, w, experts, *, out_dtype=None,
     if why is not None:
         raise NotImplementedError(f"grouped small-M matmul kernel: {why}")
     out_dtype = jnp.dtype(x.dtype if out_dtype is None else out_dtype)
-    k_blocks = common.cdiv(k, cfg.block_k)
-    splits = cfg.num_splits or auto_num_splits(1, k, n, cfg.block_k, cfg.block_n,
-                                               groups=num_pairs)
-    chunk = common.cdiv(k_blocks, min(splits, k_blocks)) * cfg.block_k
-    splits = common.cdiv(k, chunk)  # every split non-empty
+    chunk, splits = split_k(k, cfg.block_k, cfg.num_splits or auto_num_splits(
+        1, k, n, cfg.block_k, cfg.block_n, groups=num_pairs))
     kernel = functools.partial(
         _kernel, num_experts=num_experts, k=k, n=n, block_k=cfg.block_k, block_n=cfg.block_n,
         chunk=chunk, num_splits=splits, use_dot=cfg.use_dot, evict_first=cfg.evict_first,

@@ -49,19 +49,33 @@ def _kernel(x_ref, w_ref, o_ref, *, m, k, n, block_m, block_k, block_n, chunk, n
             return acc + common.kernel_dot(xs, ws, precision=precision, upcast=interpret)
         return acc + xs.astype(jnp.float32)[:, :, None] * ws.astype(jnp.float32)[None, :, :]
 
-    k_len = jnp.minimum(chunk, k - k0)
-    n_full = lax.div(k_len, block_k)
     acc = jnp.zeros((block_m, block_n) if use_dot else (block_m, block_k, block_n), jnp.float32)
-    acc = lax.fori_loop(0, n_full, functools.partial(step, tail=False), acc)
-    if k % block_k:  # only the split holding the end of K has a partial block
-        n_all = lax.div(k_len + block_k - 1, block_k)
-        acc = lax.fori_loop(n_full, n_all, functools.partial(step, tail=True), acc)
+    acc = stream_k(step, acc, k0=k0, chunk=chunk, k=k, block_k=block_k)
     if not use_dot:
         acc = jnp.sum(acc, axis=1)
 
     out_idx = (pl.ds(0, block_m), cols)
     dst = o_ref.at[out_idx] if num_splits == 1 else o_ref.at[(split,) + out_idx]
     pltr.store(dst, acc.astype(o_ref.dtype), mask=_outer(row_ok, col_ok, (block_m, block_n)))
+
+
+def stream_k(step, acc, *, k0, chunk, k, block_k):
+    """Runs `step(i, acc, tail)` over the K blocks of the split starting at k0; tail=True
+    masks the last, partial block, which only the split holding the end of K has."""
+    k_len = jnp.minimum(chunk, k - k0)
+    n_full = lax.div(k_len, block_k)
+    acc = lax.fori_loop(0, n_full, functools.partial(step, tail=False), acc)
+    if k % block_k:
+        n_all = lax.div(k_len + block_k - 1, block_k)
+        acc = lax.fori_loop(n_full, n_all, functools.partial(step, tail=True), acc)
+    return acc
+
+
+def split_k(k: int, block_k: int, want: int) -> tuple[int, int]:
+    """(chunk, splits): K cut into about `want` chunks of whole blocks, none of them empty."""
+    k_blocks = common.cdiv(k, block_k)
+    chunk = common.cdiv(k_blocks, min(want, k_blocks)) * block_k
+    return chunk, common.cdiv(k, chunk)
 
 
 def _outer(rows_ok, cols_ok, shape):
@@ -110,10 +124,8 @@ def small_m_matmul_pallas(x, w, *, out_dtype=None, config: GemvConfig | None = N
         raise NotImplementedError(f"small-M matmul kernel: {why}")
     out_dtype = jnp.dtype(x.dtype if out_dtype is None else out_dtype)
     block_m = max(16, common.next_pow2(m)) if cfg.use_dot else common.next_pow2(m)
-    k_blocks = common.cdiv(k, cfg.block_k)
-    splits = cfg.num_splits or auto_num_splits(m, k, n, cfg.block_k, cfg.block_n)
-    chunk = common.cdiv(k_blocks, min(splits, k_blocks)) * cfg.block_k
-    splits = common.cdiv(k, chunk)  # every split non-empty
+    chunk, splits = split_k(k, cfg.block_k, cfg.num_splits or auto_num_splits(
+        m, k, n, cfg.block_k, cfg.block_n))
     precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
     kernel = functools.partial(
         _kernel, m=m, k=k, n=n, block_m=block_m, block_k=cfg.block_k, block_n=cfg.block_n,
