@@ -37,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import trace_summary  # noqa: E402
 from jetspec_jax import config, draft_head, params as P, sharding  # noqa: E402
 from jetspec_jax.cache import KVCache  # noqa: E402
 from jetspec_jax.decode import decode_step  # noqa: E402
@@ -181,9 +182,18 @@ def compile_all(cfg, dcfg, meshes, args):
     return out, time.perf_counter() - t0
 
 
-def run_mesh(cfg, dcfg, mesh, compiled, args, deadline):
+def profile_ar(fn, steps, trace_dir):
+    """Traces one AR run of `steps` steps and prints where each device spent its time."""
+    jax.block_until_ready(fn(np.int32(steps)))
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        jax.block_until_ready(fn(np.int32(steps)))
+    print(trace_dir, trace_summary.format_summary(
+        trace_summary.summarise(trace_summary.load_events(trace_dir))), sep="\n", flush=True)
+
+
+def run_mesh(cfg, dcfg, mesh, compiled, args, deadline, profile_dir=None):
     """Times every compiled program of one mesh -> {cell: (ms, tokens...)}; cells past the
-    deadline are left out."""
+    deadline are left out. With `profile_dir`, each batch's AR run is also traced there."""
     tparams = random_params(P.target_specs(cfg), mesh, args.dtype)
     dparams = random_params(draft_head.draft_specs(dcfg), mesh, args.dtype)
     results = {}
@@ -197,6 +207,8 @@ def run_mesh(cfg, dcfg, mesh, compiled, args, deadline):
                 fn = functools.partial(compiled[cell], tparams, state)
                 sec, tokens = per_step(fn, args.ar_steps, args.repeats)
                 results[cell] = (sec * 1e3, np.asarray(tokens))
+                if profile_dir:
+                    profile_ar(fn, max(args.ar_steps), os.path.join(profile_dir, f"ar_b{b}"))
             else:
                 fn = functools.partial(compiled[cell], tparams, dparams, state)
                 sec, (tokens, num) = per_step(fn, args.rounds, args.repeats)
@@ -264,6 +276,8 @@ def main():
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="weights and caches; float32 makes the token comparison exact (a "
                     "different summation order can flip bf16 near-ties)")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="also trace each AR run into DIR and print its per-device summary")
     ap.add_argument("--compile-threads", type=int, default=8)
     ap.add_argument("--time-budget-s", type=float, default=330.0)
     ap.add_argument("--out", default=os.path.join(os.environ["OUT"], "bench_sharded.json")
@@ -290,7 +304,8 @@ def main():
         notes = sharding.replicated_dims(P.target_specs(cfg), meshes["mesh"].shape)
         print(model, {n: dict(m.shape) for n, m in meshes.items()}, *notes, sep="; ", flush=True)
         compiled, result["compile_s"][model] = compile_all(cfg, dcfg, meshes, args)
-        res = {name: run_mesh(cfg, dcfg, mesh, compiled[name], args, deadline)
+        res = {name: run_mesh(cfg, dcfg, mesh, compiled[name], args, deadline, args.profile and
+                              os.path.join(args.profile, model, name))
                for name, mesh in meshes.items()}
         del compiled
         result["rows"] += compare(model, res["mesh"], res["one"], args)

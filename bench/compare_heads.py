@@ -113,6 +113,24 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def benchmark_cell(bench, head, budget, tokens, accepted, ar_tokens) -> dict:
+    """One benchmark's results in one decoding run: tau, its histogram, equality with AR."""
+    same = [True] * len(tokens) if ar_tokens is None else [
+        t == a for t, a in zip(tokens, ar_tokens)]
+    hist = hist_of(accepted)
+    rounds = sum(hist)
+    cell = dict(benchmark=bench, head=head, budget=budget, num_prompts=len(tokens),
+                tau=sum(i * n for i, n in enumerate(hist)) / max(rounds, 1),
+                tau_per_prompt=[sum(x) / max(len(x), 1) for x in accepted],
+                tau_hist=hist, rounds=rounds, tokens=sum(map(len, tokens)),
+                identical=None if ar_tokens is None else sum(same))
+    if not all(same):
+        cell["divergence"] = [dict(prompt=i, at=first_divergence(t, a), spec_len=len(t),
+                                   ar_len=len(a))
+                              for i, (t, a, s) in enumerate(zip(tokens, ar_tokens, same)) if not s]
+    return cell
+
+
 # ---- 2. draft cost against depth ---------------------------------------------------------------
 
 def median_ms(fn, args, repeats: int) -> tuple[float, list[float]]:
@@ -214,16 +232,22 @@ def draft_cost(target, heads, prompt_text, depths, budget, width, repeats, t0, d
 
 def markdown(result: dict) -> str:
     a = result["args"]
-    lines = [f"# Draft heads compared on the CPU: JetSpec vs DFlash vs EAGLE-style ({STAMP})", "",
+    on_cpu = result["backend"] == "cpu"
+    lines = [f"# Draft heads compared on the {'CPU' if on_cpu else result.get('device', 'GPU')}:"
+             f" JetSpec vs DFlash vs EAGLE-style ({result['date']})", "",
              f"- date: {result['date']}",
-             f"- machine: CPU, 2 cores ({result['machine']}; JAX backend {result['backend']}); "
-             "the cores were shared with other work, so seconds are indicative only",
-             f"- command: `{result['command']}`",
+             (f"- machine: CPU, 2 cores ({result['machine']}; JAX backend {result['backend']}); "
+              "the cores were shared with other work, so seconds are indicative only" if on_cpu
+              else f"- machine: {result.get('device')} (JAX backend {result['backend']})"),
+             "- command" + ("s (in order; each resumed the last)" if len(
+                 result.get("commands", [])) > 1 else "") + ": " + ", ".join(
+                 f"`{c}`" for c in result.get("commands", [result["command"]])),
              f"- target: {result['model']} (float32), "
              + (f"sampling at temperature {a['temperature']} (= AR does not apply)"
                 if a.get("temperature") else "greedy decoding") + f", width {a['width']}, "
              f"tree accum_logp, {a['max_new_tokens']} new tokens, the first "
-             f"{a['per_benchmark']} prompts of each benchmark decoded as one ragged batch",
+             f"{a['per_benchmark']} prompts of each benchmark decoded as one ragged batch"
+             + (" (all benchmarks together)" if a.get("one_batch") else ""),
              "- heads: " + "; ".join(f"{n} = `{p}`" for n, p in result["head_paths"].items()),
              "- tau: tokens committed per round (accepted drafts + 1) over all rounds of the "
              "batch; hist[k]: rounds that committed k tokens (k = 0, 1, 2, ...); "
@@ -251,6 +275,16 @@ def markdown(result: dict) -> str:
         lines += ["", "Autoregressive (once per benchmark batch): "
                   + ", ".join(f"{b} {v['seconds']:.1f} s for {sum(map(len, v['tokens']))} tokens"
                               for b, v in ar.items())]
+    runs = result.get("runs", {})
+    if runs:
+        lines += ["", "## Wall clock: seconds of the compiled run and speedup over AR on the same "
+                  "batch", "", "| batch | head | budget | prompts | s | AR s | speedup |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in sorted(runs.values(), key=lambda r: (r["batch"], list(HEADS).index(r["head"]),
+                                                      r["budget"])):
+            speed = f"{r['ar_seconds'] / r['seconds']:.2f}x" if r["ar_seconds"] else "n/a"
+            lines.append(f"| {r['batch']} | {r['head']} | {r['budget']} | {r['batch_size']} | "
+                         f"{r['seconds']:.2f} | {r['ar_seconds'] or float('nan'):.2f} | {speed} |")
     # pooled over benchmarks
     pooled = {}
     for c in cells.values():
@@ -334,6 +368,9 @@ def main():
     ap.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=list(BENCHMARKS))
     ap.add_argument("--per-benchmark", type=int, default=6, help="the first N prompts of each")
     ap.add_argument("--budgets", type=int, nargs="+", default=[16, 64, 256])
+    ap.add_argument("--one-batch", action="store_true",
+                    help="decode all benchmarks' prompts as one ragged batch (one compile per "
+                    "head and budget; tau is still reported per benchmark)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--width", type=int, default=7)
     ap.add_argument("--temperature", type=float, default=0.0,
@@ -350,6 +387,7 @@ def main():
     md = Path(args.md) if args.md else out.with_suffix(".md")
     command = "python bench/compare_heads.py " + " ".join(sys.argv[1:])
 
+    jax.config.update("jax_default_matmul_precision", "highest")  # float32, not TF32, on GPUs
     target = api.load_target(args.model, dtype="float32", progress=False)
     heads, paths = {}, {}
     for name in args.heads:
@@ -366,10 +404,14 @@ def main():
     log(f"loaded target {args.model} and heads {', '.join(heads)}", t0)
 
     result = json.loads(out.read_text()) if out.exists() else {}
+    if "command" in result and "commands" not in result:  # written before commands were kept
+        result["commands"] = [result["command"]]
     result.update(model=args.model, backend=jax.default_backend(),
+                  device=jax.devices()[0].device_kind,
                   machine=f"{platform.machine()}, {os.cpu_count()} logical CPUs",
                   date=time.strftime("%Y-%m-%d"), command=command, args=vars(args),
                   head_paths={**result.get("head_paths", {}), **paths})
+    result.setdefault("commands", []).append(command)
     result.setdefault("cells", {})
     result.setdefault("ar", {})
     result.setdefault("notes", [])
@@ -379,37 +421,40 @@ def main():
         write_json(out, result)
         md.write_text(markdown(result))
 
+    groups = ({"all": args.benchmarks} if args.one_batch else
+              {bench: [bench] for bench in args.benchmarks})
     todo = [(b, h, g) for b in args.benchmarks for h in heads for g in args.budgets
             if f"{b}/{h}/{g}" not in result["cells"]]
     log(f"{len(todo)} decoding cells to run ({len(result['cells'])} already in {out})", t0)
     n_done = 0
-    for bench in args.benchmarks:
-        prompts = BENCHMARKS[bench]()[: args.per_benchmark]
-        ar_key = f"{bench}"
-        ar = result["ar"].get(ar_key)
-        if args.temperature > 0:
-            ar = None
-        elif ar is None or len(ar["tokens"]) != len(prompts) or ar.get("max_new") != \
-                args.max_new_tokens:
-            if not any(b == bench for b, _, _ in todo):
-                continue
+    for group, benches in groups.items():
+        if not any(b in benches for b, _, _ in todo):
+            continue
+        prompts, owner = [], []  # owner[i]: the benchmark of prompt i
+        for bench in benches:
+            some = BENCHMARKS[bench]()[: args.per_benchmark]
+            prompts += some
+            owner += [bench] * len(some)
+        ar = None if args.temperature > 0 else result["ar"].get(group)
+        if args.temperature == 0 and (ar is None or len(ar["tokens"]) != len(prompts)
+                                      or ar.get("max_new") != args.max_new_tokens):
             ar = run_autoregressive(target, prompts, args.max_new_tokens)
             ar["max_new"] = args.max_new_tokens
-            result["ar"][ar_key] = ar
+            result["ar"][group] = ar
             save()
-            log(f"{bench}: AR {sum(map(len, ar['tokens']))} tokens in {ar['seconds']:.1f} s "
+            log(f"{group}: AR {sum(map(len, ar['tokens']))} tokens in {ar['seconds']:.1f} s "
                 f"(compile {ar['compile_s']:.1f} s), prompt lengths {ar['prompt_lens']}", t0)
-        for name, (kind, head) in heads.items():
-            for budget in args.budgets:
-                key = f"{bench}/{name}/{budget}"
-                if key in result["cells"]:
+        for budget in args.budgets:  # every head at a budget first: a cut run stays comparable
+            for name, (kind, head) in heads.items():
+                keys = [f"{bench}/{name}/{budget}" for bench in benches]
+                if all(k in result["cells"] for k in keys):
                     continue
                 if kind == "eagle":
                     ecfg, eparams = head
                     b = min(budget, eagle_candidates(ecfg.depth, args.width))
                     if b != budget:
-                        result["notes"].append(f"{key}: EAGLE budget cut to {b} (all "
-                                               f"candidates at depth {ecfg.depth})")
+                        result["notes"].append(f"{group}/{name}/{budget}: EAGLE budget cut to "
+                                               f"{b} (all candidates at depth {ecfg.depth})")
                     tokens, accepted, seconds, compile_s = run_eagle_head(
                         target, ecfg, eparams, prompts, b, args.width, args.max_new_tokens,
                         args.temperature)
@@ -417,30 +462,28 @@ def main():
                     tokens, accepted, seconds, compile_s = run_block_head(
                         target, head, prompts, budget, args.width, args.max_new_tokens,
                         args.temperature)
-                same = [True] * len(prompts) if ar is None else [
-                    t == a for t, a in zip(tokens, ar["tokens"])]
-                hist = hist_of(accepted)
-                rounds = sum(hist)
-                cell = dict(benchmark=bench, head=name, budget=budget,
-                            num_prompts=len(prompts),
-                            tau=sum(i * n for i, n in enumerate(hist)) / max(rounds, 1),
-                            tau_per_prompt=[sum(x) / max(len(x), 1) for x in accepted],
-                            tau_hist=hist, rounds=rounds, tokens=sum(map(len, tokens)),
-                            identical=None if ar is None else sum(same), seconds=seconds,
-                            compile_s=compile_s, ar_seconds=ar and ar["seconds"])
-                if not all(same):
-                    cell["divergence"] = [
-                        dict(prompt=i, at=first_divergence(t, a), spec_len=len(t),
-                             ar_len=len(a)) for i, (t, a, s) in
-                        enumerate(zip(tokens, ar["tokens"], same)) if not s]
-                    result["notes"].append(f"{key}: {len(prompts) - sum(same)} of {len(prompts)}"
-                                           f" outputs differ from AR: {cell['divergence']}")
-                result["cells"][key] = cell
+                result.setdefault("runs", {})[f"{group}/{name}/{budget}"] = dict(
+                    batch=group, head=name, budget=budget, batch_size=len(prompts),
+                    tokens=sum(map(len, tokens)), seconds=seconds, compile_s=compile_s,
+                    ar_seconds=ar and ar["seconds"])
+                for bench in benches:
+                    mine = [i for i, o in enumerate(owner) if o == bench]
+                    cell = benchmark_cell(bench, name, budget, [tokens[i] for i in mine],
+                                          [accepted[i] for i in mine],
+                                          ar and [ar["tokens"][i] for i in mine])
+                    cell.update(seconds=seconds, compile_s=compile_s, batch=group,
+                                ar_seconds=ar and ar["seconds"])
+                    key = f"{bench}/{name}/{budget}"
+                    if "divergence" in cell:
+                        result["notes"].append(
+                            f"{key}: {cell['num_prompts'] - cell['identical']} of "
+                            f"{cell['num_prompts']} outputs differ from AR: {cell['divergence']}")
+                    result["cells"][key] = cell
+                    n_done += 1
+                    log(f"[{n_done}/{len(todo)}] {key}: tau {cell['tau']:.2f}, = AR "
+                        f"{cell['identical']}/{cell['num_prompts']}, {seconds:.1f} s for the "
+                        f"{group} batch (compile {compile_s:.1f} s)", t0)
                 save()
-                n_done += 1
-                log(f"[{n_done}/{len(todo)}] {key}: tau {cell['tau']:.2f}, = AR "
-                    f"{sum(same)}/{len(prompts)}, {seconds:.1f} s (compile {compile_s:.1f} s), "
-                    f"hist {hist}", t0)
 
     if not args.skip_cost:
         prompt_text = BENCHMARKS[args.benchmarks[0]]()[0]

@@ -25,7 +25,7 @@ SUPPORTED_ARCHITECTURES = {
 # they serve (NVIDIA GPU, M <= 32 rows), XLA elsewhere; "tuned" the dense kernel only for the
 # shapes where this device's table (pallas_kernels/gemv/tuned_<gpu>.json) says it beats XLA,
 # the MoE kernel as "pallas"; "pallas_interpret" the kernels in interpret mode (CPU tests).
-MATMUL_IMPLS = ("xla", "pallas", "tuned", "pallas_interpret")
+MATMUL_IMPLS = ("auto", "xla", "pallas", "tuned", "pallas_interpret")
 
 
 class ConfigError(ValueError):
@@ -54,7 +54,18 @@ class ModelConfig:
     norm_topk_prob: bool = True
     moe_layers: tuple[int, ...] | None = None  # None: every layer is MoE when num_experts > 0
     eos_token_ids: tuple[int, ...] = ()
-    matmul_impl: str = "xla"  # one of MATMUL_IMPLS
+    matmul_impl: str = "auto"  # one of MATMUL_IMPLS; `matmul` says what "auto" means
+
+    @property
+    def matmul(self) -> str:
+        """The projections' implementation (`layers.project`). "auto" is what measured fastest
+        on the H200 (bench/results/decode_matmul_impl_h200_2026-11-29.json): for MoE models
+        the Pallas kernels wherever they serve (Qwen3-30B-A3B decode 4.2 against 10.2 ms: the
+        grouped kernel reads chosen experts in place), for dense ones XLA (Qwen3-8B: 4.89 ms
+        against 5.17 with the kernels, 4.97 "tuned"). Off NVIDIA GPUs both run XLA."""
+        if self.matmul_impl != "auto":
+            return self.matmul_impl
+        return "pallas" if self.num_experts else "xla"
 
     def __post_init__(self):
         if self.matmul_impl not in MATMUL_IMPLS:

@@ -27,15 +27,15 @@ def lm_head(params, cfg: ModelConfig, hidden):
         # on every one-row call (12.8 ms against 2.6 ms: bench/lm_head_cpu.py)
         return jnp.einsum("BTD,VD->BTV", hidden, params["embed"],
                           preferred_element_type=jnp.float32)
-    return project("BTD,DV->BTV", hidden, params["lm_head"], cfg.matmul_impl, jnp.float32)
+    return project("BTD,DV->BTV", hidden, params["lm_head"], cfg.matmul, jnp.float32)
 
 
 def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start,
                     block_mask, attn_impl):
     """x [B, T, D] (already normed). Writes the new K/V at write_start and attends."""
-    q = project("BTD,DNH->BTNH", x, p["q"], cfg.matmul_impl)
-    k = project("BTD,DKH->BTKH", x, p["k"], cfg.matmul_impl)
-    v = project("BTD,DKH->BTKH", x, p["v"], cfg.matmul_impl)
+    q = project("BTD,DNH->BTNH", x, p["q"], cfg.matmul)
+    k = project("BTD,DKH->BTKH", x, p["k"], cfg.matmul)
+    v = project("BTD,DKH->BTKH", x, p["v"], cfg.matmul)
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
@@ -44,15 +44,15 @@ def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_s
     k_cache = write_slots(k_cache, k, write_start)
     v_cache = write_slots(v_cache, v, write_start)
     out = cache_attention(q, k_cache, v_cache, write_start, block_mask, impl=attn_impl)
-    return project("BTNH,NHD->BTD", out, p["o"], cfg.matmul_impl), k_cache, v_cache
+    return project("BTNH,NHD->BTD", out, p["o"], cfg.matmul), k_cache, v_cache
 
 
 def mlp_block(p, cfg: ModelConfig, x):
     if "router" in p:
         return moe(x, p["router"], p["gate"], p["up"], p["down"],
                    top_k=cfg.experts_per_token, normalize=cfg.norm_topk_prob,
-                   matmul_impl=cfg.matmul_impl)
-    return swiglu(x, p["gate"], p["up"], p["down"], cfg.matmul_impl)
+                   matmul_impl=cfg.matmul)
+    return swiglu(x, p["gate"], p["up"], p["down"], cfg.matmul)
 
 
 def forward(params, cfg: ModelConfig, tokens, positions, cache: KVCache, write_start,

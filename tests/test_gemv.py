@@ -159,6 +159,16 @@ def test_greedy_decode_identical_with_pallas_matmul():
         cfg.replace(matmul_impl="cublas")
 
 
+def test_auto_matmul_is_the_kernel_for_moe_and_xla_for_dense():
+    """The default "auto" resolves per model to what measured fastest on the H200; an explicit
+    choice is kept."""
+    dense, _ = tiny_target("dense", seed=0, vocab=16)
+    moe, _ = tiny_target("moe", seed=0, vocab=16, num_experts=16)
+    assert (dense.matmul_impl, dense.matmul, moe.matmul) == ("auto", "xla", "pallas")
+    assert moe.replace(matmul_impl="xla").matmul == "xla"
+    assert dense.replace(matmul_impl="tuned").matmul == "tuned"
+
+
 GROUPED_CASES = [
     # (experts [P] ids, E, K, N, config, input dtype, out dtype or None)
     ([2], 4, 256, 128, GemvConfig(block_k=64, block_n=64, num_splits=1), F32, None),

@@ -1,0 +1,85 @@
+"""Where a profiled run spent its device time: reads the Perfetto trace that
+`jax.profiler.trace(dir, create_perfetto_trace=True)` writes and prints, per device, the span,
+the busy time (union of its op intervals), and the ops with the most total time.
+
+  python bench/trace_summary.py TRACE_DIR [--match GPU] [--top 12]
+
+The busy/span ratio separates a device that computes slowly from one that waits (on the host,
+a collective, or another device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+
+
+def load_events(trace_dir: str) -> list[dict]:
+    paths = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"),
+                             recursive=True))
+    if not paths:
+        raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir} (was the trace "
+                                "taken with create_perfetto_trace=True?)")
+    with gzip.open(paths[-1]) as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def busy_time(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of [start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
+
+
+def summarise(events: list[dict], match: str = "GPU", top: int = 12) -> dict:
+    """-> {process name: {"span_us", "busy_us", "ops": [(name, total_us, count), ...]}} for
+    the processes whose name contains `match`."""
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    per_pid = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and match in names.get(e.get("pid"), ""):
+            per_pid[e["pid"]].append(e)
+    out = {}
+    for pid, evs in per_pid.items():
+        intervals = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in evs]
+        totals, counts = collections.Counter(), collections.Counter()
+        for e in evs:
+            totals[e["name"]] += e.get("dur", 0.0)
+            counts[e["name"]] += 1
+        out[names[pid]] = {
+            "span_us": max(e for _, e in intervals) - min(s for s, _ in intervals),
+            "busy_us": busy_time(intervals),
+            "ops": [(n, t, counts[n]) for n, t in totals.most_common(top)]}
+    return out
+
+
+def format_summary(summary: dict) -> str:
+    lines = []
+    for proc, s in summary.items():
+        lines.append(f"{proc}: span {s['span_us'] / 1e3:.2f} ms, busy {s['busy_us'] / 1e3:.2f} "
+                     f"ms ({s['busy_us'] / max(s['span_us'], 1e-9):.0%})")
+        lines += [f"  {t / 1e3:9.3f} ms  x{c:<5d} {n[:100]}" for n, t, c in s["ops"]]
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace_dir")
+    ap.add_argument("--match", default="GPU", help="keep processes whose name contains this")
+    ap.add_argument("--top", type=int, default=12)
+    args = ap.parse_args()
+    print(format_summary(summarise(load_events(args.trace_dir), args.match, args.top)))
+
+
+if __name__ == "__main__":
+    main()
