@@ -31,13 +31,14 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from timing import median_seconds  # noqa: E402
 
 BANDWIDTH = 4.25e12  # B/s, measured on the H200 this runs on
 N_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Qwen3-8B attention
@@ -186,19 +187,6 @@ def make_aux(k, v, prefix, mask, t):
 
 
 # --------------------------------------------------------------------------- timing
-def time_calls(fn, args, iters, warmup=3):
-    import jax
-
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6
-
-
 def chained(fn, unroll):
     """unroll calls of fn inside one jit, each depending on the previous one (so none is
     hoisted or overlapped), returning a scalar and the last call's output (which equals
@@ -226,17 +214,11 @@ def bench_one(name, fn, q, k, v, prefix, mask, aux, iters, unroll):
     t0 = time.perf_counter()
     jax.block_until_ready(jfn(*args))
     compile_s = time.perf_counter() - t0
-    call_us = time_calls(jfn, args, iters)
+    call_us = median_seconds(jfn, *args, repeats=iters, warmup=3) * 1e6
     gpu_us = call_us
     if call_us < 400:
         cfn = chained(lambda q_, k_, v_, p_, m_, a_: fn(q_, k_, v_, p_, m_, a_), unroll)
-        jax.block_until_ready(cfn(*args))
-        reps = []
-        for _ in range(max(3, iters // 4)):
-            t1 = time.perf_counter()
-            jax.block_until_ready(cfn(*args))
-            reps.append((time.perf_counter() - t1) / unroll)
-        gpu_us = statistics.median(reps) * 1e6
+        gpu_us = median_seconds(cfn, *args, repeats=max(3, iters // 4)) / unroll * 1e6
     return dict(call_us=round(call_us, 2), gpu_us=round(gpu_us, 2), compile_s=round(compile_s, 2))
 
 

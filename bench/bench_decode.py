@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from timing import median_seconds  # noqa: E402
+
 MODELS = ("smollm2-135m", "qwen3-8b", "qwen3-30b-a3b")
 
 
@@ -45,15 +47,6 @@ def kv_bytes_per_token(cfg, context, dtype_bytes=2) -> int:
     return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * context * dtype_bytes
 
 
-def median_time(fn, repeats=5):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def measure_bandwidth():
     """Weight-streaming bandwidth (bf16 GEMV over 2 GB) and copy bandwidth (read + write)."""
     import jax
@@ -62,13 +55,11 @@ def measure_bandwidth():
     w = jax.random.normal(jax.random.key(0), (8, 8192, 16384), jnp.bfloat16)  # 2.1 GB
     x = jax.random.normal(jax.random.key(1), (1, 8192), jnp.bfloat16)
     gemv = jax.jit(lambda w, x: jnp.einsum("bd,ldf->lbf", x, w))
-    gemv(w, x).block_until_ready()
-    t = median_time(lambda: gemv(w, x).block_until_ready(), 10)
+    t = median_seconds(gemv, w, x, repeats=10)
     stream = w.size * 2 / t
     a = jax.random.normal(jax.random.key(2), (1024, 1024, 1024), jnp.bfloat16)  # 2.1 GB
     scale = jax.jit(lambda a: a * 1.5)
-    scale(a).block_until_ready()
-    t = median_time(lambda: scale(a).block_until_ready(), 10)
+    t = median_seconds(scale, a, repeats=10)
     copy = 2 * a.size * 2 / t
     del w, a
     return stream, copy

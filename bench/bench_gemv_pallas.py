@@ -38,13 +38,14 @@ import functools
 import json
 import math
 import platform
-import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from timing import median_seconds  # noqa: E402
 
 PEAK_TBPS = 4.25
 # Qwen3-8B decode projections, [K, N] (weights row-major, N contiguous); q and o, k and v,
@@ -115,15 +116,6 @@ def make_runner(mm):
     return run
 
 
-def median_call(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn().block_until_ready()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def time_variant(mm, ws, x, ref, args):
     """-> (seconds per matmul, max rel err of the reps=1 output against ref, compile s)."""
     import numpy as np
@@ -134,8 +126,9 @@ def time_variant(mm, ws, x, ref, args):
     once.block_until_ready()
     compile_s = time.perf_counter() - t
     err = float(np.max(np.abs(np.asarray(once) - ref)) / np.max(np.abs(ref)))
-    t1 = median_call(lambda: run(ws, x, 1), args.repeats)
-    tr = median_call(lambda: run(ws, x, args.reps), args.repeats)
+    # `once` was the warm-up: reps is traced, so both counts run that one program
+    t1 = median_seconds(run, ws, x, 1, repeats=args.repeats, warmup=0)
+    tr = median_seconds(run, ws, x, args.reps, repeats=args.repeats, warmup=0)
     if tr <= t1:  # noise (tiny CPU shapes)
         return float("nan"), err, compile_s
     return (tr - t1) / ((args.reps - 1) * len(ws)), err, compile_s

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,32 +30,18 @@ from jetspec_jax.sampling import Sampler  # noqa: E402
 from jetspec_jax.speculative import TreeSpec, init_state, spec_generate, speculative_round  # noqa: E402
 from jetspec_jax.tree import build_trees, topk_from_logits  # noqa: E402
 from jetspec_jax.verify import accept, commit, verify_tree  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 PAPER_TAU = {"MATH-500 b256": 10.76, "MT-Bench b256": 5.94}
 GREEDY = Sampler()
 
 
-def timed(fn, repeats=15):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def per_iteration(loop, *args, short=4, long=20):
     """Seconds per iteration of `loop(*args, n)` (a compiled loop of n steps): the difference
     of a long and a short run, so dispatch and argument handling cancel (median of 3 each)."""
-    def run(n):
-        t = time.perf_counter()
-        jax.block_until_ready(loop(*args, n))
-        return time.perf_counter() - t
-
-    run(short)
-    return (statistics.median(run(long) for _ in range(3))
-            - statistics.median(run(short) for _ in range(3))) / (long - short)
+    jax.block_until_ready(loop(*args, short))
+    return (median_seconds(loop, *args, long, repeats=3, warmup=0)
+            - median_seconds(loop, *args, short, repeats=3, warmup=0)) / (long - short)
 
 
 def check_kernels(dtype):
@@ -109,10 +94,14 @@ def round_phases(tcfg, tp, dcfg, dp, state, spec, batch):
     acc_commit, _ = compiled(lambda lg, c, tr: commit(
         c, accept(tr, jnp.argmax(lg, -1).astype(jnp.int32), dcfg.depth),
         jnp.ones((batch,), bool)), logits, cache, tree)
-    return {"draft_ms": timed(lambda: draft(tp, dp, state)) * 1e3,
-            "tree_ms": timed(lambda: tree_fn(dlogits, state.anchor)) * 1e3,
-            "verify_ms": timed(lambda: verify(tp, state.cache, tree)) * 1e3,
-            "accept_commit_ms": timed(lambda: acc_commit(logits, cache, tree)) * 1e3}
+
+    def ms(fn, *args):
+        return median_seconds(fn, *args, repeats=15) * 1e3
+
+    return {"draft_ms": ms(draft, tp, dp, state),
+            "tree_ms": ms(tree_fn, dlogits, state.anchor),
+            "verify_ms": ms(verify, tp, state.cache, tree),
+            "accept_commit_ms": ms(acc_commit, logits, cache, tree)}
 
 
 def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool):

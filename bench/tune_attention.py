@@ -32,7 +32,6 @@ import concurrent.futures as cf
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -42,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_attention as ba  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H200 dense bf16
 SHAPES = [  # (op, B, T, S), most important first
@@ -190,15 +190,8 @@ def compile_job(shape_future, fn, unroll):
 
 
 def time_compiled(compiled, args, unroll, reps):
-    import jax
-
-    jax.block_until_ready(compiled(*args))
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        ts.append((time.perf_counter() - t0) / unroll)
-    return round(statistics.median(ts) * 1e6, 2)
+    """Microseconds per call of a compiled `ba.chained` program of `unroll` calls."""
+    return round(median_seconds(compiled, *args, repeats=reps) / unroll * 1e6, 2)
 
 
 def check_output(out, want, tol=ba.TOL):
