@@ -79,35 +79,54 @@ def compiled(fn, *args):
 
 
 def round_phases(tcfg, tp, dcfg, dp, state, spec, batch):
-    """Milliseconds of draft, tree build, verify and accept+commit, each compiled alone."""
-    draft, _ = compiled(lambda tp, dp, s: draft_head.draft_block(
-        dp, dcfg, tp, tcfg, draft_head.extend_context(dp, dcfg, s.draft_cache, s.pending_taps,
-                                                      s.pending_count), s.anchor,
-        attn_impl="auto"), tp, dp, state)
-    dlogits = draft(tp, dp, state)
-    tree_fn, _ = compiled(lambda lg, a: build_trees(a, *topk_from_logits(lg, spec.width),
-                                                    budget=spec.budget), dlogits, state.anchor)
-    tree = tree_fn(dlogits, state.anchor)
-    verify, _ = compiled(lambda tp, c, tr: verify_tree(tp, tcfg, c, tr, taps=dcfg.tap_layers,
-                                                       attn_impl="auto"), tp, state.cache, tree)
-    logits, cache, _ = verify(tp, state.cache, tree)
-    acc_commit, _ = compiled(lambda lg, c, tr: commit(
-        c, accept(tr, jnp.argmax(lg, -1).astype(jnp.int32), dcfg.depth),
-        jnp.ones((batch,), bool)), logits, cache, tree)
+    """Milliseconds of draft, tree build, verify (with the target's greedy choice) and
+    accept+commit, each timed inside its own compiled loop like the whole round, so dispatch
+    cancels. Each iteration's input depends on the last one's output (a float zero carried
+    through; XLA does not fold x * 0 for floats), so no phase is hoisted out of its loop."""
+    fori = lambda n, body, carry: jax.lax.fori_loop(0, n, lambda i, c: body(c), carry)  # noqa: E731
+    zero = jnp.zeros((), jnp.float32)
+    active = jnp.ones((batch,), bool)
 
-    def ms(fn, *args):
-        return median_seconds(fn, *args, repeats=15) * 1e3
+    def draft_logits(tp, dp, s, eps):
+        taps = s.pending_taps + eps.astype(s.pending_taps.dtype)
+        ctx = draft_head.extend_context(dp, dcfg, s.draft_cache, taps, s.pending_count)
+        return draft_head.draft_block(dp, dcfg, tp, tcfg, ctx, s.anchor, attn_impl="auto")
 
-    return {"draft_ms": ms(draft, tp, dp, state),
-            "tree_ms": ms(tree_fn, dlogits, state.anchor),
-            "verify_ms": ms(verify, tp, state.cache, tree),
-            "accept_commit_ms": ms(acc_commit, logits, cache, tree)}
+    def tree_of(lg, anchor, eps):
+        return build_trees(anchor, *topk_from_logits(lg + eps, spec.width), budget=spec.budget)
+
+    def verified(tp, cache, tree):
+        logits, cache, _ = verify_tree(tp, tcfg, cache, tree, taps=dcfg.tap_layers,
+                                       attn_impl="auto")
+        return jnp.argmax(logits, -1).astype(jnp.int32), cache
+
+    dlogits = jax.jit(draft_logits)(tp, dp, state, zero)
+    tree = jax.jit(tree_of)(dlogits, state.anchor, zero)
+    choice, cache = jax.jit(verified)(tp, state.cache, tree)
+    # A phase's whole output feeds the carried zero (a slice of it would let XLA drop work).
+    total = lambda tree: sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(tree))  # noqa: E731
+    loops = {
+        "draft_ms": (lambda tp, dp, s, n: fori(
+            n, lambda e: total(draft_logits(tp, dp, s, e)) * 0, zero), (tp, dp, state)),
+        "tree_ms": (lambda lg, a, n: fori(n, lambda e: total(tree_of(lg, a, e)) * 0, zero),
+                    (dlogits, state.anchor)),
+        "verify_ms": (lambda tp, c, tr, n: fori(
+            n, lambda c: verified(tp, c, tr)[1], c), (tp, state.cache, tree)),
+        "accept_commit_ms": (lambda ch, c, tr, n: fori(
+            n, lambda c: commit(c, accept(tr, ch, dcfg.depth), active), c),
+            (choice, cache, tree)),
+    }
+    out = {}
+    for name, (loop, args) in loops.items():
+        exe, _ = compiled(loop, *args, 1)
+        out[name] = per_iteration(exe, *args) * 1e3
+    return out
 
 
 def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool):
     """One AR step and one whole speculative round per budget, each timed inside a compiled
-    loop (as `spec_generate` and `ar_generate` run them); with phases, also the round's parts
-    compiled alone and timed per call (those include the per-call dispatch)."""
+    loop (as `spec_generate` and `ar_generate` run them); with phases, also the round's parts,
+    each in its own compiled loop."""
     num_slots = context + 1024
     prompt = jax.random.randint(jax.random.key(2), (batch, context), 0, tcfg.vocab_size,
                                 jnp.int32)
