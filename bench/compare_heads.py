@@ -322,7 +322,7 @@ def markdown(result: dict) -> str:
     if cost:
         depths = sorted({r["depth"] for r in cost if r["what"] != "context_update"})
         lines += ["", "## Draft cost against tree depth (batch 1, ms per draft, median of "
-                  f"{a['cost_repeats']} timed calls after warm-up)", "",
+                  f"{len(cost[0]['times_ms'])} timed calls after warm-up)", "",
                   f"Context: the first {a['benchmarks'][0]} prompt "
                   f"({result.get('cost_prompt_len', '?')} tokens). EAGLE `draft_tree`: "
                   "EagleConfig.depth = d, i.e. d - 1 sequential layer forwards after the root, "
