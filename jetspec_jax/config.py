@@ -21,6 +21,7 @@ SUPPORTED_ARCHITECTURES = {
 
 
 # How dense projections and few-pair MoE experts multiply (`layers.project`, `layers.moe`):
+# "auto" (the default) "pallas" for MoE models, "xla" for dense ones (`ModelConfig.matmul`);
 # "xla" einsums; "pallas" the split-K weight-streaming kernels (pallas_kernels.gemv) where
 # they serve (NVIDIA GPU, M <= 32 rows), XLA elsewhere; "tuned" the dense kernel only for the
 # shapes where this device's table (pallas_kernels/gemv/tuned_<gpu>.json) says it beats XLA,
