@@ -90,10 +90,12 @@ def round_phases(tcfg, tp, dcfg, dp, state, spec, batch):
     def draft_logits(tp, dp, s, eps):
         taps = s.pending_taps + eps.astype(s.pending_taps.dtype)
         ctx = draft_head.extend_context(dp, dcfg, s.draft_cache, taps, s.pending_count)
-        return draft_head.draft_block(dp, dcfg, tp, tcfg, ctx, s.anchor, attn_impl="auto")
+        return draft_head.draft_block(dp, dcfg, tp, tcfg, ctx, s.anchor,
+                                      depths=spec.draft_depths(dcfg.depth), attn_impl="auto")
 
     def tree_of(lg, anchor, eps):
-        return build_trees(anchor, *topk_from_logits(lg + eps, spec.width), budget=spec.budget)
+        return build_trees(anchor, *topk_from_logits(lg + eps, spec.draft_width),
+                           budget=spec.budget, method=spec.method)
 
     def verified(tp, cache, tree):
         logits, cache, _ = verify_tree(tp, tcfg, cache, tree, taps=dcfg.tap_layers,

@@ -37,6 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_acceptance import BENCHMARKS  # noqa: E402
+from timing import sample_seconds  # noqa: E402
 from jetspec_jax import api, draft_head  # noqa: E402
 from jetspec_jax import target as target_model  # noqa: E402
 from jetspec_jax.cache import KVCache  # noqa: E402
@@ -134,13 +135,8 @@ def benchmark_cell(bench, head, budget, tokens, accepted, ar_tokens) -> dict:
 # ---- 2. draft cost against depth ---------------------------------------------------------------
 
 def median_ms(fn, args, repeats: int) -> tuple[float, list[float]]:
-    jax.block_until_ready(fn(*args))  # compile + warm-up
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - start) * 1e3)
+    """(median, each) milliseconds of `repeats` calls after two warm-up calls (compile)."""
+    times = [t * 1e3 for t in sample_seconds(fn, *args, repeats=repeats, warmup=2)]
     return statistics.median(times), [round(t, 3) for t in times]
 
 

@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--labels", nargs="+", help="one per file (default: device + temperature)")
     p.add_argument("--out", type=Path, default=Path("docs/img/heads_tau_speedup.png"))
     a = p.parse_args(argv)
+    missing = [str(f) for f in a.files if not f.is_file()]
+    if missing:
+        p.error(f"no such result file: {', '.join(missing)}")
     results = [json.loads(f.read_text()) for f in a.files]
     labels = a.labels or [default_label(r) for r in results]
     if len(labels) != len(results):

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int, warmup: int = 1) -> float:
-    """Median wall seconds of `fn(*args)` over `repeats` calls, after `warmup` untimed ones."""
+def sample_seconds(fn: Callable[..., Any], *args: Any, repeats: int,
+                   warmup: int = 1) -> list[float]:
+    """Wall seconds of each of `repeats` calls of `fn(*args)`, after `warmup` untimed ones."""
     import jax  # here, not at the top: the benches' torch-only stages never import jax
 
     for _ in range(warmup):
@@ -22,4 +23,9 @@ def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int, warmup: int
         t = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int, warmup: int = 1) -> float:
+    """Median wall seconds of `fn(*args)` over `repeats` calls, after `warmup` untimed ones."""
+    return statistics.median(sample_seconds(fn, *args, repeats=repeats, warmup=warmup))

@@ -61,6 +61,16 @@ class TreeSpec:
             if not all(x > 0 for x in c):
                 raise ValueError(f"bucket costs must be > 0 seconds, got {c}")
 
+    @property
+    def draft_width(self) -> int:
+        """Top-k kept per depth: a chain keeps one."""
+        return 1 if self.method == "chain" else self.width
+
+    def draft_depths(self, block_depth: int) -> int:
+        """Depths worth drafting: those a tree of this budget can reach, at most the block's."""
+        return max(1, min(block_depth, reachable_depth(self.budget, self.draft_width,
+                                                       self.method)))
+
 
 def working_slots(budget: int, block_size: int, draft_mode: str = "per_depth") -> int:
     """Cache slots a speculative run needs beyond prompt + max_new: the tree is written after
@@ -95,10 +105,10 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, st
     active = ~state.out.done
     dcache = draft_head.extend_context(dparams, dcfg, state.draft_cache, state.pending_taps,
                                        jnp.where(active, state.pending_count, 0))
-    width = 1 if tree_spec.method == "chain" else tree_spec.width
-    depths = max(1, min(dcfg.depth, reachable_depth(tree_spec.budget, width, tree_spec.method)))
+    width = tree_spec.draft_width
     draft_logits = draft_head.draft_block(dparams, dcfg, tparams, tcfg, dcache, state.anchor,
-                                          depths=depths, attn_impl=attn_impl)
+                                          depths=tree_spec.draft_depths(dcfg.depth),
+                                          attn_impl=attn_impl)
     topk_lp, topk_tok = topk_from_logits(draft_logits, width)
     tree = build_trees(state.anchor, topk_lp, topk_tok, budget=tree_spec.budget,
                        method=tree_spec.method)

@@ -118,7 +118,8 @@ def tuned_path(op_dir: str | os.PathLike) -> Path | None:
 
 
 @functools.cache
-def _load_tuned(path: str) -> tuple:
+def load_tuned(path: str) -> tuple:
+    """The entries of a tuned-config table (empty if unreadable), read once per path."""
     try:
         return tuple(json.loads(Path(path).read_text()).get("entries", ()))
     except (OSError, ValueError, AttributeError):
@@ -139,7 +140,7 @@ def tuned_config(path, cls, *, kernel: str, batch: int, t: int, group: int, head
     want = dict(kernel=kernel, G=group, H=head_dim, dtype=str(jnp.dtype(dtype)),
                 batch=next_pow2(batch), T=next_pow2(t))
     best, best_dist = None, 1.0
-    for e in _load_tuned(str(path)):
+    for e in load_tuned(str(path)):
         try:
             key = dict(kernel=e["kernel"], G=e["G"], H=e["H"], dtype=e["dtype"],
                        batch=next_pow2(e["batch"]), T=next_pow2(e["T"]))

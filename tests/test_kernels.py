@@ -292,7 +292,7 @@ def test_tuned_table_lookup_and_fallback(tmp_path, monkeypatch):
     # The Hopper kernel's default: the table's entry, with block_k 64 where S needs it.
     table.write_text(json.dumps({"entries": [dict(entry, S=256, T=4, G=2, H=64,
                                                   config=dict(block_k=128, stages=3))]}))
-    common._load_tuned.cache_clear()
+    common.load_tuned.cache_clear()
     q = jnp.zeros((1, 4, 4, 64), jnp.bfloat16)
     kc = jnp.zeros((1, 2, 256, 64), jnp.bfloat16)
     assert hopper_default_config(q, kc) == MosaicConfig(block_k=128, stages=3)

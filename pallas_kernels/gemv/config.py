@@ -75,7 +75,7 @@ def tuned_gemv_config(m: int, k: int, n: int, dtype, *, path=None) -> GemvConfig
     if path is None or not path.is_file():
         return None
     want = ("gemv", k, n, common.next_pow2(m), str(jnp.dtype(dtype)))
-    for e in common._load_tuned(str(path)):
+    for e in common.load_tuned(str(path)):
         try:
             if (e["kernel"], e["K"], e["N"], common.next_pow2(e["M"]), e["dtype"]) == want:
                 return GemvConfig(**e["config"])
