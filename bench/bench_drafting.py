@@ -145,6 +145,7 @@ def main():
                          "_<date>); writes .json and .md")
     args = ap.parse_args()
     attn_impl = api.resolve_attn_impl(args.attn_impl)
+    api.exact_float32(args.dtype)
     target = api.load_target(args.model, dtype=args.dtype)
     draft = (random_draft(target, args.seed) if args.draft == "random"
              else api.load_draft(args.draft, target))

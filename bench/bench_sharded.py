@@ -182,15 +182,6 @@ def compile_all(cfg, dcfg, meshes, args):
     return out, time.perf_counter() - t0
 
 
-def profile_ar(fn, steps, trace_dir):
-    """Traces one AR run of `steps` steps and prints where each device spent its time."""
-    jax.block_until_ready(fn(np.int32(steps)))
-    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-        jax.block_until_ready(fn(np.int32(steps)))
-    print(trace_dir, trace_summary.format_summary(
-        trace_summary.summarise(trace_summary.load_events(trace_dir))), sep="\n", flush=True)
-
-
 def run_mesh(cfg, dcfg, mesh, compiled, args, deadline, profile_dir=None):
     """Times every compiled program of one mesh -> {cell: (ms, tokens...)}; cells past the
     deadline are left out. With `profile_dir`, each batch's AR run is also traced there."""
@@ -208,7 +199,9 @@ def run_mesh(cfg, dcfg, mesh, compiled, args, deadline, profile_dir=None):
                 sec, tokens = per_step(fn, args.ar_steps, args.repeats)
                 results[cell] = (sec * 1e3, np.asarray(tokens))
                 if profile_dir:
-                    profile_ar(fn, max(args.ar_steps), os.path.join(profile_dir, f"ar_b{b}"))
+                    trace_dir = os.path.join(profile_dir, f"ar_b{b}")
+                    print(trace_dir, trace_summary.profile(
+                        fn, np.int32(max(args.ar_steps)), trace_dir=trace_dir), flush=True)
             else:
                 fn = functools.partial(compiled[cell], tparams, dparams, state)
                 sec, (tokens, num) = per_step(fn, args.rounds, args.repeats)

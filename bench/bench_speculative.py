@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import json
 import sys
 import time
@@ -31,6 +32,7 @@ from jetspec_jax.speculative import TreeSpec, init_state, spec_generate, specula
 from jetspec_jax.tree import build_trees, topk_from_logits  # noqa: E402
 from jetspec_jax.verify import accept, commit, verify_tree  # noqa: E402
 from timing import median_seconds  # noqa: E402
+import trace_summary  # noqa: E402
 
 PAPER_TAU = {"MATH-500 b256": 10.76, "MT-Bench b256": 5.94}
 GREEDY = Sampler()
@@ -125,10 +127,26 @@ def round_phases(tcfg, tp, dcfg, dp, state, spec, batch):
     return out
 
 
-def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool):
+def inspect(exe, args, name: str, profile_dir: str | None, hlo_dir: str | None, n: int = 8):
+    """With a profile dir, traces `n` iterations of the compiled loop and prints where the
+    device spent its time; with an HLO dir, writes the optimised program (the trace names its
+    fusions) gzipped there."""
+    if hlo_dir:
+        Path(hlo_dir).mkdir(parents=True, exist_ok=True)
+        with gzip.open(Path(hlo_dir) / f"{name}.hlo.txt.gz", "wt") as f:
+            f.write(exe.as_text())
+    if profile_dir:
+        trace_dir = str(Path(profile_dir) / name)
+        print(f"{name} ({n} iterations):",
+              trace_summary.profile(exe, *args, n, trace_dir=trace_dir, top=25), flush=True)
+
+
+def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool, deadline: float,
+               profile_dir=None, hlo_dir=None):
     """One AR step and one whole speculative round per budget, each timed inside a compiled
     loop (as `spec_generate` and `ar_generate` run them); with phases, also the round's parts,
-    each in its own compiled loop."""
+    each in its own compiled loop. Yields one row per budget; budgets past the deadline
+    (perf_counter) are skipped."""
     num_slots = context + 1024
     prompt = jax.random.randint(jax.random.key(2), (batch, context), 0, tcfg.vocab_size,
                                 jnp.int32)
@@ -147,8 +165,13 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool):
 
     ar, ar_compile = compiled(ar_steps, tp, state.cache, state.anchor, 1)
     t_ar = per_iteration(ar, tp, state.cache, state.anchor)
-    rows = []
+    tag = f"{tcfg.name}_b{batch}_s{context}"
+    if phases:
+        inspect(ar, (tp, state.cache, state.anchor), f"ar_{tag}", profile_dir, hlo_dir)
     for budget in budgets:
+        if time.perf_counter() > deadline:
+            print(f"time budget spent: skipping {tag} budget {budget}", flush=True)
+            continue
         spec = TreeSpec(budget, 7)
         one_round = functools.partial(speculative_round, tree_spec=spec, sampler=GREEDY,
                                       stop_ids=(), max_new=512, attn_impl="auto")
@@ -162,10 +185,10 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool):
                "projected_speedup": {k: tau * t_ar / t_round for k, tau in PAPER_TAU.items()}}
         if phases:
             row.update(round_phases(tcfg, tp, dcfg, dp, state, spec, batch))
+            inspect(round_fn, (tp, dp, state), f"round{budget}_{tag}", profile_dir, hlo_dir, 4)
         row["peak_gb"] = peak_gb()
-        rows.append(row)
         print(json.dumps(row), flush=True)
-    return rows
+        yield row
 
 
 def main():
@@ -180,8 +203,16 @@ def main():
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024])
     ap.add_argument("--model", default="qwen3-8b", help="preset name of the timed target")
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--time-budget-s", type=float, default=float("inf"),
+                    help="skip the configurations that would start after this many seconds")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="trace the AR loop and each round loop of the phase batches into DIR "
+                         "and print where the device spent its time")
+    ap.add_argument("--dump-hlo", default=None, metavar="DIR",
+                    help="write those loops' optimised HLO (gzipped) into DIR")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    deadline = time.perf_counter() + args.time_budget_s
     result = {"device": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "checks": [], "rows": []}
     if not args.skip_check:
@@ -196,11 +227,12 @@ def main():
                  (x.split(":") for x in args.batch_budgets)}
     for context in args.contexts:
         for batch in args.batches:
-            result["rows"] += time_round(tcfg, tp, dcfg, dp, context,
-                                         per_batch.get(batch, args.budgets), batch,
-                                         batch in args.phase_batches)
-            if args.out:
-                Path(args.out).write_text(json.dumps(result, indent=1))
+            for row in time_round(tcfg, tp, dcfg, dp, context, per_batch.get(batch, args.budgets),
+                                  batch, batch in args.phase_batches, deadline, args.profile,
+                                  args.dump_hlo):
+                result["rows"].append(row)
+                if args.out:
+                    Path(args.out).write_text(json.dumps(result, indent=1))
     print("| context | batch | budget | AR step ms | draft | tree | verify | accept+commit | "
           "round ms | round/AR | projected x (tau 10.76) | projected x (tau 5.94) | "
           "round compile s |")

@@ -383,7 +383,7 @@ def main():
     md = Path(args.md) if args.md else out.with_suffix(".md")
     command = "python bench/compare_heads.py " + " ".join(sys.argv[1:])
 
-    jax.config.update("jax_default_matmul_precision", "highest")  # float32, not TF32, on GPUs
+    api.exact_float32("float32")
     target = api.load_target(args.model, dtype="float32", progress=False)
     heads, paths = {}, {}
     for name in args.heads:

@@ -71,6 +71,17 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def profile(fn, *args, trace_dir: str, top: int = 12) -> str:
+    """Runs `fn(*args)` once untraced (compile, warm-up) and once traced into `trace_dir`;
+    returns the per-device summary of the traced run."""
+    import jax  # here so that reading a trace needs no jax
+
+    jax.block_until_ready(fn(*args))
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        jax.block_until_ready(fn(*args))
+    return format_summary(summarise(load_events(trace_dir), top=top))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

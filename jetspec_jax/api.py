@@ -177,6 +177,14 @@ def _jsonl_prompt(path: Path, n: int, line: str) -> str:
 # ---- options ---------------------------------------------------------------------------------
 
 
+def exact_float32(dtype) -> None:
+    """For a float32 run, makes JAX's float32 matmuls exact float32 (what "greedy speculative
+    == autoregressive" is promised for): GPUs would otherwise run them in TF32, whose rounding
+    can flip near-tie argmaxes. Other dtypes are left alone."""
+    if jnp.dtype(dtype) == jnp.float32:
+        jax.config.update("jax_default_matmul_precision", "highest")
+
+
 def resolve_attn_impl(attn_impl: str) -> str:
     """Checks the impl against this machine; "auto" becomes "reference" without a GPU."""
     if attn_impl not in ATTN_IMPLS:

@@ -38,9 +38,7 @@ TREES = ("accum_logp", "top2gap", "chain")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "dtype", None) == "float32":
-        # What float32 promises (greedy speculative == autoregressive): GPUs would otherwise
-        # run float32 dots in TF32, whose rounding can flip near-tie argmaxes.
-        jax.config.update("jax_default_matmul_precision", "highest")
+        api.exact_float32("float32")
     try:
         args.run(args)
     except (ValueError, OSError, NotImplementedError) as e:  # bad inputs, named in the message

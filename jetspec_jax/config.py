@@ -20,12 +20,13 @@ SUPPORTED_ARCHITECTURES = {
 }
 
 
-# How dense projections and few-pair MoE experts multiply (`layers.project`, `layers.moe`):
+# How dense projections and MoE experts multiply (`layers.project`, `layers.moe`):
 # "auto" (the default) "pallas" for MoE models, "xla" for dense ones (`ModelConfig.matmul`);
-# "xla" einsums; "pallas" the split-K weight-streaming kernels (pallas_kernels.gemv) where
-# they serve (NVIDIA GPU, M <= 32 rows), XLA elsewhere; "tuned" the dense kernel only for the
-# shapes where this device's table (pallas_kernels/gemv/tuned_<gpu>.json) says it beats XLA,
-# the MoE kernel as "pallas"; "pallas_interpret" the kernels in interpret mode (CPU tests).
+# "xla" einsums and `ragged_dot`; "pallas" the kernels of pallas_kernels.gemv where they serve
+# (NVIDIA GPU: split-K weight streaming for M <= 32 rows, per pair for few MoE pairs, expert-
+# major for many), XLA elsewhere; "tuned" the dense kernel only for the shapes where this
+# device's table (pallas_kernels/gemv/tuned_<gpu>.json) says it beats XLA, the MoE kernels as
+# "pallas"; "pallas_interpret" the kernels in interpret mode (CPU tests).
 MATMUL_IMPLS = ("auto", "xla", "pallas", "tuned", "pallas_interpret")
 
 

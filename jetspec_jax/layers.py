@@ -8,7 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.gemv import grouped_small_m_matmul, small_m_matmul
+from pallas_kernels.gemv import grouped_matmul_sorted, grouped_small_m_matmul, small_m_matmul
 
 
 def rms_norm(x, weight, eps):
@@ -60,11 +60,14 @@ def swiglu(x, gate, up, down, matmul_impl="xla"):
 def moe(x, router, gate, up, down, *, top_k, normalize, matmul_impl="xla"):
     """Qwen3-MoE block. x [B, T, D]; router [D, E]; gate, up [E, D, F]; down [E, F, D].
 
-    Tokens are sorted by expert and run through grouped matmuls (`ragged_dot`), so the cost
-    follows the number of (token, expert) pairs, not the number of experts. With few pairs
-    (batch-1 decode) each pair multiplies its expert's weights directly: matmul_impl "xla"
-    gathers them (XLA copies the gathered weights), any other the grouped Pallas kernel reads
-    them in place (where it serves; "tuned" too: the gather it replaces is the slow part).
+    With few (token, expert) pairs (at most E/2: batch-1 decode) each pair multiplies its
+    expert's weights directly: matmul_impl "xla" gathers them (XLA copies the gathered
+    weights), any other the grouped Pallas kernel reads them in place (where it serves;
+    "tuned" too: the gather it replaces is the slow part). With more pairs (verify, prefill)
+    tokens are sorted by expert and run through grouped matmuls over the sorted rows: "xla"
+    `lax.ragged_dot`, any other the expert-major Pallas kernel (`grouped_matmul_sorted`, on
+    NVIDIA GPUs), which reads each expert with rows once and skips the others.
+    "pallas_interpret" runs the kernels in interpret mode.
     """
     b, t, d = x.shape
     num_experts = router.shape[-1]
@@ -91,10 +94,11 @@ def moe(x, router, gate, up, down, *, top_k, normalize, matmul_impl="xla"):
     token_of_pair = order // top_k
     sorted_x = tokens[token_of_pair]  # [BT*k, D]
     group_sizes = jnp.bincount(flat_experts, length=num_experts).astype(jnp.int32)
-    h = jax.nn.silu(jax.lax.ragged_dot(sorted_x, gate, group_sizes)) * jax.lax.ragged_dot(
-        sorted_x, up, group_sizes
-    )
-    out_sorted = jax.lax.ragged_dot(h, down, group_sizes)  # [BT*k, D]
+    mm = functools.partial(grouped_matmul_sorted, group_sizes=group_sizes,
+                           impl="xla" if matmul_impl == "xla" else "auto",
+                           interpret=matmul_impl == "pallas_interpret")
+    h = jax.nn.silu(mm(sorted_x, gate)) * mm(sorted_x, up)  # [BT*k, F]
+    out_sorted = mm(h, down)  # [BT*k, D]
     combined = jnp.zeros((b * t, d), jnp.float32).at[token_of_pair].add(
         out_sorted.astype(jnp.float32) * pair_weight[order][:, None]
     )

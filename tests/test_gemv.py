@@ -1,6 +1,7 @@
 """Small-M weight-streaming matmuls (pallas_kernels.gemv): the dense and the grouped (MoE)
-kernels in interpret mode against their references, the api's fallbacks and tuned table,
-lowering for an H200, and tiny dense / MoE models decoding with them.
+kernels and the expert-major kernel for many pairs in interpret mode against their references
+(ragged_dot for the latter), the api's fallbacks and tuned table, lowering for an H200, and
+tiny dense / MoE models decoding with them.
 
 Interpret mode costs ~1 s per new shape on CPU (and grows with the grid), so the grids are
 curated: M (pairs P) in {1, 2, 3, 4, 8, 16, 32}, K and N multiples and non-multiples of the
@@ -24,12 +25,15 @@ from jetspec_jax.config import ConfigError
 from jetspec_jax.decode import ar_generate
 from jetspec_jax.sampling import Sampler
 from pallas_kernels import common
-from pallas_kernels.gemv import api, grouped_small_m_matmul, small_m_matmul
-from pallas_kernels.gemv.config import (GemvConfig, auto_num_splits, gemv_config,
-                                        grouped_config, tuned_gemv_config)
+from pallas_kernels.gemv import (api, grouped_matmul_sorted, grouped_small_m_matmul,
+                                 small_m_matmul)
+from pallas_kernels.gemv.config import (GemvConfig, SortedConfig, auto_num_splits, gemv_config,
+                                        grouped_config, sorted_config, tuned_gemv_config)
+from pallas_kernels.gemv.expert_major import grouped_matmul_sorted_pallas
 from pallas_kernels.gemv.grouped import grouped_small_m_matmul_pallas
 from pallas_kernels.gemv.kernel import small_m_matmul_pallas
-from pallas_kernels.gemv.reference import (grouped_small_m_matmul_reference,
+from pallas_kernels.gemv.reference import (grouped_matmul_sorted_reference,
+                                           grouped_small_m_matmul_reference,
                                            small_m_matmul_reference)
 
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -308,3 +312,91 @@ def test_moe_greedy_decode_identical_with_grouped_kernel(monkeypatch):
         np.testing.assert_array_equal(np.asarray(got.num_tokens), np.asarray(want.num_tokens))
         np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     assert (6,) in calls  # the kernel ran (traced) for the decode steps' pairs
+
+
+SORTED_CASES = [
+    # (group sizes [E], extra rows past their sum, K, N, config, input dtype, out dtype or None)
+    ([0, 1, 17, 0, 40, 3], 0, 100, 72, SortedConfig(block_k=32, block_n=32, num_splits=1),
+     F32, None),  # empty groups, 1 row, 17 and 40 rows across 16-row blocks, K and N tails
+    ([0, 1, 17, 0, 40, 3], 0, 100, 72, SortedConfig(block_k=32, block_n=32, num_splits=3),
+     BF16, F32),
+    ([0, 0, 70, 0], 0, 64, 48, SortedConfig(block_k=32, block_n=32, num_splits=2), BF16,
+     None),  # all rows in one expert: 70 > 64 rows, two row passes
+    ([20, 0, 33, 5], 2, 96, 40, SortedConfig(block_k=32, block_n=16, row_blocks=1), F32,
+     None),  # one row block per pass; 2 rows past the groups (zero); auto splits
+    ([3, 5, 0, 9, 1, 0], 0, 160, 64, None, BF16, None),  # heuristic config, last expert empty
+]
+
+
+@pytest.mark.parametrize("sizes,extra,k,n,cfg,dtype,out_dtype", SORTED_CASES,
+                         ids=lambda v: str(v)[:40])
+def test_sorted_kernel_matches_ragged_dot(sizes, extra, k, n, cfg, dtype, out_dtype):
+    rows = sum(sizes) + extra
+    x, w = grouped_operands(rows, len(sizes), k, n, dtype)
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    y = grouped_matmul_sorted_pallas(x, w, group_sizes, out_dtype=out_dtype, config=cfg,
+                                     interpret=True)
+    ref = grouped_matmul_sorted_reference(x, w, group_sizes, out_dtype)
+    assert y.shape == (rows, n) and y.dtype == ref.dtype
+    assert np.all(np.isfinite(np.asarray(y, np.float32)))  # every row written
+    assert rel_err(y, ref) <= TOL[jnp.dtype(out_dtype or dtype)]
+    if extra:
+        assert not np.any(np.asarray(y[sum(sizes):]))
+
+
+def test_sorted_api_impls_and_fallback(monkeypatch):
+    x, w = grouped_operands(40, 5, 96, 40, F32)
+    sizes = jnp.asarray([7, 0, 20, 13, 0], jnp.int32)
+    ref = grouped_matmul_sorted_reference(x, w, sizes)
+    for impl in ("xla", "pallas", "auto"):
+        np.testing.assert_allclose(grouped_matmul_sorted(x, w, sizes, impl=impl, interpret=True),
+                                   ref, rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="unknown matmul impl"):
+        grouped_matmul_sorted(x, w, sizes, impl="tuned")
+    bad = SortedConfig(block_k=48)  # not a power of two: the kernel declines
+    with pytest.raises(NotImplementedError, match="power of two"):
+        grouped_matmul_sorted(x, w, sizes, impl="pallas", interpret=True, config=bad)
+    np.testing.assert_allclose(grouped_matmul_sorted(x, w, sizes, interpret=True, config=bad),
+                               ref, rtol=1e-5, atol=1e-4)
+
+    def boom(*a, **kw):
+        raise AssertionError("kernel called on CPU")
+
+    monkeypatch.setattr(api, "grouped_matmul_sorted_pallas", boom)
+    np.testing.assert_allclose(grouped_matmul_sorted(x, w, sizes), ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("num_rows,k,n", [(128, 2048, 768), (2048, 768, 2048)])
+def test_sorted_lowers_for_h200(num_rows, k, n):
+    """Qwen3-30B-A3B experts (gate/up at T=16 tree tokens, down at 256 tokens)."""
+    from pallas_kernels.lowering_check import lower_for_gpu
+
+    x, w = jnp.zeros((num_rows, k), BF16), jnp.zeros((128, k, n), BF16)
+    sizes = jnp.zeros((128,), jnp.int32)
+    text = lower_for_gpu(grouped_matmul_sorted_pallas, x, w, sizes)
+    assert "__gpu$xla.gpu.triton" in text
+    cfg = sorted_config(num_rows, 128, k, n, sms=132)
+    assert (k // cfg.block_k) % cfg.num_splits == 0
+
+
+def test_moe_many_pairs_with_sorted_kernel_matches_xla(monkeypatch):
+    """layers.moe with 2 x 5 tokens at top-2 of 8 experts (20 pairs > E/2: the sorted path)
+    equals its ragged_dot form with the expert-major kernel in interpret mode."""
+    calls = []
+
+    def spy(*a, **kw):
+        calls.append(a[2].shape)
+        return grouped_matmul_sorted_pallas(*a, **kw)
+
+    monkeypatch.setattr(api, "grouped_matmul_sorted_pallas", spy)
+    e, d, f = 8, 32, 24
+    ks = jax.random.split(jax.random.key(5), 5)
+    x = jax.random.normal(ks[0], (2, 5, d), F32)
+    router = jax.random.normal(ks[1], (d, e), F32)
+    gate, up = (jax.random.normal(kk, (e, d, f), F32) / d**0.5 for kk in ks[2:4])
+    down = jax.random.normal(ks[4], (e, f, d), F32) / f**0.5
+    kw = dict(top_k=2, normalize=True)
+    want = layers.moe(x, router, gate, up, down, matmul_impl="xla", **kw)
+    got = layers.moe(x, router, gate, up, down, matmul_impl="pallas_interpret", **kw)
+    assert calls == [(e,)] * 3
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -50,6 +50,27 @@ def grouped_config(p: int, k: int, n: int, *, sms: int | None = None) -> GemvCon
         1, k, n, base.block_k, base.block_n, sms=sms, groups=p))
 
 
+@dataclasses.dataclass(frozen=True)
+class SortedConfig(GemvConfig):
+    """Config of the expert-major kernel (`expert_major.py`; `use_dot` is ignored: it always
+    multiplies on tensor cores). row_blocks: 16-row blocks of one expert's rows multiplied by
+    each weight tile while it is loaded (one float32 [16, block_n] accumulator each); an
+    expert with more than 16 * row_blocks rows streams its weights once per such pass."""
+
+    row_blocks: int = 4
+
+
+def sorted_config(p: int, e: int, k: int, n: int, *, sms: int | None = None) -> SortedConfig:
+    """Default config of the expert-major kernel for P rows over E experts: blocks as
+    `gemv_config`; splits counting the strips of the (at most min(P, E)) touched experts, the
+    float32 partials capped at the average rows per touched expert."""
+    base = gemv_config(1, k, n, sms=sms)
+    groups = max(1, min(p, e))
+    splits = auto_num_splits(common.cdiv(p, groups), k, n, base.block_k, base.block_n,
+                             sms=sms, groups=groups)
+    return SortedConfig(block_k=base.block_k, block_n=base.block_n, num_splits=splits)
+
+
 def auto_num_splits(m: int, k: int, n: int, block_k: int, block_n: int, *,
                     sms: int | None = None, programs_per_sm: int = 4, groups: int = 1) -> int:
     """Split-K factor: enough programs for `programs_per_sm` per SM, each split at least two

@@ -89,10 +89,12 @@ def _outer(rows_ok, cols_ok, shape):
     return rows_ok[:, None] & cols_ok[None, :]
 
 
-def operand_problem(x, w, config: GemvConfig, rows: str = "M", unit: str = "rows") -> str | None:
-    """What the kernels cannot serve in x [rows, K], w [..., K, N] and config, or None."""
-    if not 1 <= x.shape[0] <= MAX_ROWS:
-        return f"{rows}={x.shape[0]} {unit} outside [1, {MAX_ROWS}]"
+def operand_problem(x, w, config: GemvConfig, rows: str = "M", unit: str = "rows",
+                    max_rows: int | None = MAX_ROWS) -> str | None:
+    """What the kernels cannot serve in x [rows, K], w [..., K, N] and config, or None.
+    max_rows: the most rows the kernel takes (None: no limit)."""
+    if x.shape[0] < 1 or (max_rows is not None and x.shape[0] > max_rows):
+        return f"{rows}={x.shape[0]} {unit} outside [1, {max_rows or 'inf'}]"
     if x.dtype != w.dtype or jnp.dtype(x.dtype) not in DTYPES:
         return f"dtypes {x.dtype} @ {w.dtype} (needs one of bf16, f16, f32 for both)"
     if w.size >= 2**31:

@@ -1,4 +1,5 @@
-"""Pure-JAX reference of the small-M matmul: x [M, K] @ w [K, N], float32 accumulation."""
+"""Pure-JAX references of the small-M matmuls (dense, grouped by pair) and of the
+expert-major grouped matmul, float32 accumulation."""
 
 import jax
 import jax.numpy as jnp
@@ -21,3 +22,14 @@ def grouped_small_m_matmul_reference(x, w, experts, out_dtype=None):
     accumulation (one dense matmul per pair)."""
     return jnp.concatenate([small_m_matmul_reference(x[p:p + 1], w[int(e)], out_dtype)
                             for p, e in enumerate(experts.tolist())])
+
+
+def grouped_matmul_sorted_reference(x, w, group_sizes, out_dtype=None):
+    """x [P, K] (rows sorted by expert), w [E, K, N], group_sizes [E] -> [P, N]:
+    `lax.ragged_dot` accumulated in float32 (operands upcast on CPU, as above)."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if jax.default_backend() == "cpu":
+        x, w = x.astype(jnp.float32), w.astype(jnp.float32)
+    y = jax.lax.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32,
+                           precision=jax.lax.Precision.HIGHEST)
+    return y.astype(out_dtype)
