@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from timing import median_seconds  # noqa: E402
+from timing import chained_matmuls, median_seconds  # noqa: E402
 
 PEAK_TBPS = 4.25
 # Qwen3-8B decode projections, [K, N] (weights row-major, N contiguous); q and o, k and v,
@@ -92,35 +92,11 @@ def sweep_configs(m, k, n, limit, grouped=False):
     return out[:limit]
 
 
-def make_runner(mm):
-    """jit(ws, x, reps) -> float32 sum over reps and layers of mm(x, w). Each layer's x is
-    nudged by the previous output (as in a model, one matmul after the other), so that XLA
-    neither hoists the matmuls out of the loop nor merges dots that share x (DotMerger
-    concatenates their weights: a copy)."""
-    import jax
-    import jax.numpy as jnp
-
-    @jax.jit
-    def run(ws, x, reps):
-        def body(_, carry):
-            x, acc = carry
-            for w in ws:
-                y = mm(x, w).astype(jnp.float32)
-                acc = acc + y
-                x = x + (y[:, :1] * 1e-9).astype(x.dtype)
-            return x, acc
-
-        acc = jnp.zeros((x.shape[0], ws[0].shape[-1]), jnp.float32)
-        return jax.lax.fori_loop(0, reps, body, (x, acc))[1]
-
-    return run
-
-
 def time_variant(mm, ws, x, ref, args):
     """-> (seconds per matmul, max rel err of the reps=1 output against ref, compile s)."""
     import numpy as np
 
-    run = make_runner(mm)
+    run = chained_matmuls(mm)
     t = time.perf_counter()
     once = run(ws, x, 1)
     once.block_until_ready()

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from timing import median_seconds  # noqa: E402
+from timing import chained_matmuls, median_seconds  # noqa: E402
 
 TOP_K = 8
 SHAPES = {"gate/up": (128, 2048, 768), "down": (128, 768, 2048)}  # [E, K, N]
@@ -49,28 +49,6 @@ def routed(key, num_pairs, num_experts, top_k):
     scores = jax.random.uniform(key, (num_pairs // top_k, num_experts))
     experts = jnp.argsort(scores, axis=-1)[:, :top_k].reshape(-1)
     return jnp.bincount(experts, length=num_experts).astype(jnp.int32)
-
-
-def make_runner(mm):
-    """jit(ws, x, sizes, reps) -> float32 sum over reps and layers of mm(x, w, sizes); each
-    layer's x is nudged by the previous output so that XLA neither hoists nor merges them."""
-    import jax
-    import jax.numpy as jnp
-
-    @jax.jit
-    def run(ws, x, sizes, reps):
-        def body(_, carry):
-            x, acc = carry
-            for w in ws:
-                y = mm(x, w, sizes).astype(jnp.float32)
-                acc = acc + y
-                x = x + (y[:, :1] * 1e-9).astype(x.dtype)
-            return x, acc
-
-        acc = jnp.zeros((x.shape[0], ws[0].shape[-1]), jnp.float32)
-        return jax.lax.fori_loop(0, reps, body, (x, acc))[1]
-
-    return run
 
 
 def configs(p, e, k, n, sweep):
@@ -120,7 +98,7 @@ def bench(name, e, k, n, p, args, rows):
             if impl == "pallas":
                 y = np.asarray(jax.jit(mm(impl, cfg, jnp.float32))(xc, wc, sizes))
                 row["rel_err"] = float(np.max(np.abs(y - ref)) / np.max(np.abs(ref)))
-            run = make_runner(mm(impl, cfg))
+            run = chained_matmuls(mm(impl, cfg))
             jax.block_until_ready(run(ws, x, sizes, 1))  # compile + warm-up
             t1 = median_seconds(run, ws, x, sizes, 1, repeats=args.repeats, warmup=1)
             tr = median_seconds(run, ws, x, sizes, args.reps, repeats=args.repeats, warmup=1)

@@ -29,3 +29,29 @@ def sample_seconds(fn: Callable[..., Any], *args: Any, repeats: int,
 def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int, warmup: int = 1) -> float:
     """Median wall seconds of `fn(*args)` over `repeats` calls, after `warmup` untimed ones."""
     return statistics.median(sample_seconds(fn, *args, repeats=repeats, warmup=warmup))
+
+
+def chained_matmuls(mm: Callable[..., Any]) -> Callable[..., Any]:
+    """jit(ws, x, *extra, reps) -> float32 sum over reps and layers of mm(x, w, *extra), for
+    timing one matmul per layer. Each layer's x is nudged by the previous output (as in a
+    model, one matmul after the other), so that XLA neither hoists the matmuls out of the loop
+    nor merges dots that share x (DotMerger concatenates their weights: a copy)."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def run(ws, x, *rest):
+        *extra, reps = rest
+
+        def body(_, carry):
+            x, acc = carry
+            for w in ws:
+                y = mm(x, w, *extra).astype(jnp.float32)
+                acc = acc + y
+                x = x + (y[:, :1] * 1e-9).astype(x.dtype)
+            return x, acc
+
+        acc = jnp.zeros((x.shape[0], ws[0].shape[-1]), jnp.float32)
+        return jax.lax.fori_loop(0, reps, body, (x, acc))[1]
+
+    return run
