@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_io import write_json  # noqa: E402
+
 import jax  # noqa: E402
 
 from jetspec_jax import api  # noqa: E402
@@ -110,7 +112,7 @@ def main():
             result["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "tau_hist"}), flush=True)
         if args.out:
-            Path(args.out).write_text(json.dumps(result, indent=1))
+            write_json(args.out, result)
     print(f"| benchmark | budget | tau greedy | tau T={args.temperature} | tok/s | AR tok/s | "
           "speedup | identical |")
     print("|---|---|---|---|---|---|---|---|")

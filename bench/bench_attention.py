@@ -28,7 +28,6 @@ Writes $OUT/bench_attention.json when OUT is set (or --out PATH).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_io import write_json  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
 BANDWIDTH = 4.25e12  # B/s, measured on the H200 this runs on
@@ -438,7 +438,7 @@ def main():
         if out_path:
             try:
                 Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-                Path(out_path).write_text(json.dumps(results, indent=1))
+                write_json(out_path, results)
             except Exception as e:  # noqa: BLE001
                 log(f"could not write {out_path}: {e}")
 

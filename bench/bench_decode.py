@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_io import write_json  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
 MODELS = ("smollm2-135m", "qwen3-8b", "qwen3-30b-a3b")
@@ -268,7 +269,7 @@ def main():
     result.update(device=_device_name(args.stage), date=time.strftime("%Y-%m-%d"),
                   command=" ".join(sys.argv), host=platform.node())
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        write_json(args.out, result)
 
 
 def _device_name(stage):

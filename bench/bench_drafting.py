@@ -13,6 +13,9 @@ and stored with the results.
   # smoke test with a random head (numbers meaningless; do not commit them):
   python bench/bench_drafting.py --draft random --benchmarks mtbench --per-benchmark 2 \\
       --max-new-tokens 8 --budgets 32 --out /tmp/drafting_smoke
+
+Rows are written as they come; --resume keeps an existing --out file's rows and cost tables
+and runs only the missing ones (each row carries the AR speed of its own run).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results_io import write_json, write_text  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -75,7 +80,11 @@ def tree_spec(mode: str, budget: int, width: int, costs: dict) -> TreeSpec:
     return adaptive.auto_tree_spec(table or {budget: 1.0}, width=width, draft_mode=draft_mode)
 
 
-def bench_one(target, draft, ids, args, costs, attn_impl) -> list[dict]:
+def bench_one(target, draft, ids, args, costs, attn_impl, done=frozenset()):
+    """Yields one row per (budget, mode) of one benchmark, skipping those in `done`."""
+    todo = [(b, m) for b in args.budgets for m in args.modes if (b, m) not in done]
+    if not todo:
+        return
     static = dict(max_new=args.max_new_tokens, sampler=Sampler(), stop_ids=(),
                   attn_impl=attn_impl, cache_dtype=jnp.dtype(target.dtype))
     key = jax.random.key(0)
@@ -84,33 +93,31 @@ def bench_one(target, draft, ids, args, costs, attn_impl) -> list[dict]:
                             dict(cfg=target.cfg, num_slots=batch.num_slots, **static))
     ar_tokens = generated(ar)
     ar_tps = sum(map(len, ar_tokens)) / ar_s
-    rows = []
-    for budget in args.budgets:
-        for mode in args.modes:
-            spec = tree_spec(mode, budget, args.width, costs)
-            extra = working_slots(spec.budget, draft.dcfg.block_size, spec.draft_mode)
-            batch = api.make_batch(target, ids, args.max_new_tokens, extra)
-            (out, stats), compile_s, seconds = run_timed(
-                spec_generate, (target.params, draft.params, batch.prompt, batch.lens, key),
-                dict(tcfg=target.cfg, dcfg=draft.dcfg, tree_spec=spec,
-                     num_slots=batch.num_slots, **static))
-            tokens = generated(out)
-            rounds = np.asarray(stats.rounds)
-            accepted = np.concatenate([a[:r] for a, r in zip(np.asarray(stats.accepted), rounds)])
-            nodes = np.concatenate([a[:r] for a, r in zip(np.asarray(stats.nodes), rounds)])
-            tps = sum(map(len, tokens)) / seconds
-            rows.append(dict(budget=budget, mode=mode, buckets=list(spec.buckets),
-                             tau=float(accepted.mean()), mean_nodes=float(nodes.mean()),
-                             tokens_per_s=tps, ar_tokens_per_s=ar_tps, speedup=tps / ar_tps,
-                             seconds=seconds, compile_s=compile_s,
-                             identical=tokens == ar_tokens))
-            print(json.dumps(rows[-1]), flush=True)
-    return rows
+    for budget, mode in todo:
+        spec = tree_spec(mode, budget, args.width, costs)
+        extra = working_slots(spec.budget, draft.dcfg.block_size, spec.draft_mode)
+        batch = api.make_batch(target, ids, args.max_new_tokens, extra)
+        (out, stats), compile_s, seconds = run_timed(
+            spec_generate, (target.params, draft.params, batch.prompt, batch.lens, key),
+            dict(tcfg=target.cfg, dcfg=draft.dcfg, tree_spec=spec,
+                 num_slots=batch.num_slots, **static))
+        tokens = generated(out)
+        rounds = np.asarray(stats.rounds)
+        accepted = np.concatenate([a[:r] for a, r in zip(np.asarray(stats.accepted), rounds)])
+        nodes = np.concatenate([a[:r] for a, r in zip(np.asarray(stats.nodes), rounds)])
+        tps = sum(map(len, tokens)) / seconds
+        row = dict(budget=budget, mode=mode, buckets=list(spec.buckets),
+                   tau=float(accepted.mean()), mean_nodes=float(nodes.mean()),
+                   tokens_per_s=tps, ar_tokens_per_s=ar_tps, speedup=tps / ar_tps,
+                   seconds=seconds, compile_s=compile_s, identical=tokens == ar_tokens)
+        print(json.dumps(row), flush=True)
+        yield row
 
 
 def markdown(result: dict) -> str:
     lines = [f"# Drafting variants: {result['model']}, head {result['draft']}, "
-             f"{result['device']}, {result['date']}", "", f"`{result['command']}`", "",
+             f"{result['device']}, {result['date']}", "",
+             "; ".join(f"`{c}`" for c in result.get("commands", [result["command"]])), "",
              "| benchmark | budget | mode | tau | mean nodes | tok/s | AR tok/s | speedup | "
              "identical |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -140,6 +147,9 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--attn-impl", default="auto")
     ap.add_argument("--seed", type=int, default=0, help="random head's seed")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows (and cost tables) of an existing --out .json and run "
+                         "only the missing ones")
     ap.add_argument("--out", default=None,
                     help="output path without suffix (default bench/results/drafting_<device>"
                          "_<date>); writes .json and .md")
@@ -153,27 +163,34 @@ def main():
     date = time.strftime("%Y-%m-%d")
     out = Path(args.out or Path(__file__).parent / "results"
                / f"drafting_{device.replace(' ', '_').lower()}_{date}")
+    command = " ".join(sys.argv)
     result = {"model": args.model, "draft": args.draft, "backend": jax.default_backend(),
-              "device": device, "date": date, "command": " ".join(sys.argv), "costs": {},
-              "rows": []}
+              "device": device, "date": date, "command": command, "commands": [command],
+              "costs": {}, "rows": []}
+    if args.resume and Path(f"{out}.json").exists():
+        result = json.loads(Path(f"{out}.json").read_text())
+        result["commands"] = result.get("commands", [result["command"]]) + [command]
+        print(f"resuming {out}.json: {len(result['rows'])} rows kept", flush=True)
     buckets = tuple(b for b in sorted(args.buckets) if b <= max(args.budgets))
     for name in args.benchmarks:
         prompts = BENCHMARKS[name]()
         prompts = prompts[: args.per_benchmark] if args.per_benchmark else prompts
         ids = api.encode_prompts(target, prompts)
         context = int(np.mean([len(p) for p in ids])) + args.max_new_tokens // 2
-        costs = {}
-        for draft_mode in {MODES[m][0] for m in args.modes if MODES[m][1]}:
+        done = {(r["budget"], r["mode"]) for r in result["rows"] if r["benchmark"] == name}
+        costs = {m: {int(b): t for b, t in table.items()}  # JSON keys are strings
+                 for m, table in result["costs"].get(name, {}).items()}
+        for draft_mode in {MODES[m][0] for m in args.modes if MODES[m][1]} - set(costs):
             costs[draft_mode] = adaptive.measure_costs(
                 target.params, target.cfg, draft.params, draft.dcfg, buckets=buckets,
                 width=args.width, draft_mode=draft_mode, batch=len(ids), context_len=context,
                 attn_impl=attn_impl)
         result["costs"][name] = costs
-        for row in bench_one(target, draft, ids, args, costs, attn_impl):
+        for row in bench_one(target, draft, ids, args, costs, attn_impl, done):
             row.update(benchmark=name, num_prompts=len(ids))
             result["rows"].append(row)
-        Path(f"{out}.json").write_text(json.dumps(result, indent=1))
-    Path(f"{out}.md").write_text(markdown(result))
+            write_json(f"{out}.json", result)
+    write_text(f"{out}.md", markdown(result))
     print(markdown(result))
 
 

@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_io import write_json  # noqa: E402
 from timing import chained_matmuls, median_seconds  # noqa: E402
 
 PEAK_TBPS = 4.25
@@ -328,7 +329,7 @@ def main():
         old = json.loads(Path(args.table_from).read_text())
         table = tuned_table(old["rows"], args.margin, old["device"])
         table["source"] += f" --table-from {Path(args.table_from).name}"
-        Path(args.write_table).write_text(json.dumps(table, indent=1) + "\n")
+        write_json(args.write_table, table)
         print(json.dumps(table["entries"], indent=1))
         return
 
@@ -368,10 +369,10 @@ def main():
               "host": platform.node(), "peak_TBps": PEAK_TBPS,
               "wall_s": time.perf_counter() - start}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        write_json(args.out, result)
     if args.write_table:
         table = tuned_table(rows, args.margin, device)
-        Path(args.write_table).write_text(json.dumps(table, indent=1) + "\n")
+        write_json(args.write_table, table)
         print(f"tuned table: {len(table['entries'])} entries -> {args.write_table}")
     report(result)
 

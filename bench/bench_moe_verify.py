@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_io import write_json  # noqa: E402
 from timing import chained_matmuls, median_seconds  # noqa: E402
 
 TOP_K = 8
@@ -158,7 +159,7 @@ def main():
               "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
               "host": platform.node(), "wall_s": time.perf_counter() - start}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        write_json(args.out, result)
     report(rows)
 
 

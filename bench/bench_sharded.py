@@ -24,7 +24,6 @@ import argparse
 import concurrent.futures
 import functools
 import gc
-import json
 import os
 import statistics
 import sys
@@ -37,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_io import write_json  # noqa: E402
 import trace_summary  # noqa: E402
 from jetspec_jax import config, draft_head, params as P, sharding  # noqa: E402
 from jetspec_jax.cache import KVCache  # noqa: E402
@@ -303,7 +303,7 @@ def main():
         del compiled
         result["rows"] += compare(model, res["mesh"], res["one"], args)
         if args.out:
-            Path(args.out).write_text(json.dumps(result, indent=1))
+            write_json(args.out, result)
     print(table(result["rows"], spec))
     print("compile s (all programs of a model, both meshes, in parallel):",
           {k: round(v, 1) for k, v in result["compile_s"].items()})

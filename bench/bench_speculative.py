@@ -25,12 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_decode import random_params  # noqa: E402
-from jetspec_jax import config, draft_head, params as P, target  # noqa: E402
+from jetspec_jax import config, draft_head, params as P  # noqa: E402
 from jetspec_jax.decode import ar_generate, decode_step  # noqa: E402
 from jetspec_jax.sampling import Sampler  # noqa: E402
 from jetspec_jax.speculative import TreeSpec, init_state, spec_generate, speculative_round  # noqa: E402
 from jetspec_jax.tree import build_trees, topk_from_logits  # noqa: E402
 from jetspec_jax.verify import accept, commit, verify_tree  # noqa: E402
+from results_io import write_json  # noqa: E402
 from timing import median_seconds  # noqa: E402
 import trace_summary  # noqa: E402
 
@@ -232,7 +233,7 @@ def main():
                                   args.dump_hlo):
                 result["rows"].append(row)
                 if args.out:
-                    Path(args.out).write_text(json.dumps(result, indent=1))
+                    write_json(args.out, result)
     print("| context | batch | budget | AR step ms | draft | tree | verify | accept+commit | "
           "round ms | round/AR | projected x (tau 10.76) | projected x (tau 5.94) | "
           "round compile s |")

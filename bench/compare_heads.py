@@ -37,6 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_acceptance import BENCHMARKS  # noqa: E402
+from results_io import write_json, write_text  # noqa: E402
 from timing import sample_seconds  # noqa: E402
 from jetspec_jax import api, draft_head  # noqa: E402
 from jetspec_jax import target as target_model  # noqa: E402
@@ -57,13 +58,6 @@ STAMP = "2026-11-29"
 
 def log(msg: str, t0: float) -> None:
     print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
-
-
-def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def hist_of(accepted: list[list[int]]) -> list[int]:
@@ -415,7 +409,7 @@ def main():
 
     def save():
         write_json(out, result)
-        md.write_text(markdown(result))
+        write_text(md, markdown(result))
 
     groups = ({"all": args.benchmarks} if args.one_batch else
               {bench: [bench] for bench in args.benchmarks})

@@ -6,7 +6,6 @@ XLA:CPU copied on every one-row call) and as `einsum("BTD,VD->BTV")` with `embed
 """
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -17,6 +16,8 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from results_io import write_json  # noqa: E402
 
 from jetspec_jax.convert import load_target  # noqa: E402
 
@@ -53,7 +54,7 @@ def main():
               "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
               "embed_shape": list(embed.shape), "rows": rows}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_io import write_text  # noqa: E402
+
 from jetspec_jax import config, draft_head, params as P, sharding, target  # noqa: E402
 from jetspec_jax.speculative import working_slots  # noqa: E402
 
@@ -135,7 +137,7 @@ def main():
             for spec in specs for c in CONTEXTS for b in BATCHES]
     text = report(rows)
     print(text)
-    OUT.write_text(text)
+    write_text(OUT, text)
     print(f"wrote {OUT}")
 
 

@@ -21,6 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_io import write_text  # noqa: E402
+
 from jetspec_jax import config  # noqa: E402
 
 BUDGETS = (1, 16, 32, 64, 128, 256)
@@ -63,7 +65,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        write_text(args.out, text + "\n")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_io import write_json  # noqa: E402
+
 import bench_sharded  # noqa: E402
 from jetspec_jax import config, draft_head, params as P, sharding, target  # noqa: E402
 
@@ -66,7 +68,7 @@ def main():
               "smallest_relative_gaps": np.sort(rel.ravel())[:5].tolist()}
     print(json.dumps(result, indent=1))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -41,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_attention as ba  # noqa: E402
+from results_io import write_json  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
 PEAK_FLOPS = 989e12  # H200 dense bf16
@@ -240,10 +240,8 @@ def write_tables(results, tables_dir):
     written = []
     for op, entries in tuned_tables(results).items():
         path = Path(tables_dir) / op / f"tuned_{tag}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(dict(device=results["device"], jax=results["jax"],
-                                        source="bench/tune_attention.py", entries=entries),
-                                   indent=1) + "\n")
+        write_json(path, dict(device=results["device"], jax=results["jax"],
+                              source="bench/tune_attention.py", entries=entries))
         written.append(str(path))
     return written
 
@@ -333,7 +331,7 @@ def main():
         results["elapsed_s"] = round(time.perf_counter() - start, 1)
         if out_path:
             Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(out_path).write_text(json.dumps(results, indent=1))
+            write_json(out_path, results)
 
     ba.start_watchdog(results, save, args.hang_s, report=print_table)
     pool = cf.ThreadPoolExecutor(max_workers=max(1, args.workers))

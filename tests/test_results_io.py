@@ -1,0 +1,29 @@
+"""bench/results_io.py: result files are written whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import results_io  # noqa: E402
+
+
+def test_write_json_replaces_whole_and_leaves_no_temp(tmp_path):
+    path = tmp_path / "deeper" / "result.json"
+    results_io.write_json(path, {"rows": [1, 2]})
+    results_io.write_json(path, {"rows": [1, 2, 3]})
+    assert json.loads(path.read_text()) == {"rows": [1, 2, 3]}
+    assert [p.name for p in path.parent.iterdir()] == ["result.json"]
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path):
+    path = tmp_path / "result.json"
+    results_io.write_json(path, {"rows": [1]})
+    with pytest.raises(TypeError):
+        results_io.write_json(path, {"rows": [object()]})  # not JSON: fails before the rename
+    assert json.loads(path.read_text()) == {"rows": [1]}
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
