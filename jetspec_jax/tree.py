@@ -12,6 +12,18 @@ The tree grows best-first: repeatedly pop the open node with the highest cumulat
 Node order is insertion order, so parent index < child index. Shapes are static: N = budget
 nodes including the root; nodes the tree cannot fill are padding (valid False).
 `jetspec_jax.tree_reference.build_tree_numpy` is the plain heapq reference it must match.
+
+Without the loop (`_grow_sorted`; `_statics` says which methods use it): log-probs are <= 0,
+so a child never beats its parent and the heap pops nodes in one fixed "pop order": higher score
+first, ties by the parent's pop order, then sibling rank (= insertion order). The pops are a
+prefix of it, at most M = max_pops long, at depths < L = min(D, M). A node's parent comes before
+it, so the first M nodes of depth <= t all have parents among the first M of depth <= t-1, and
+t rounds of
+    G <- the first M of [root, child j of G[i] at 1 + i*K + j], stably sorted by score
+(the layout breaks score ties exactly like the pop order) leave the first M of depth <= t in G.
+Pop p's children then take slots 1 + (children of the pops before p) onwards: cumsums and
+gathers. So L sorts of M*K + 1 keys replace M sequential pops (accum_logp N=256, K=7, D=15:
+15 instead of 37); a chain (method chain, or K = 1) is a path and needs no sort at all.
 """
 
 from __future__ import annotations
@@ -97,8 +109,22 @@ def _check(topk_logprobs, topk_tokens, budget, method, batched):
         raise ValueError("tree width (K = topk_logprobs.shape[-1]) must be >= 1")
 
 
-def _grow(root_token, topk_logprobs, topk_tokens, caps, *, budget: int) -> DraftTree:
-    """The best-first loop for one tree; caps [D] (see tree_caps) is the only method dependence."""
+def max_pops(budget: int, width: int, depth: int, method: str) -> int:
+    """An upper bound on the best-first loop's pops, so it can run a static trip count: on a
+    GPU a data-dependent `while_loop` reads its predicate back to the host every iteration.
+    Every pop but the last adds cap >= 1 children (accum_logp: exactly `width`); a chain pops
+    each depth once."""
+    if method == "accum_logp":
+        return -(-(budget - 1) // width)
+    if method == "chain":
+        return min(budget - 1, depth)
+    return budget - 1
+
+
+def _grow_loop(root_token, topk_logprobs, topk_tokens, caps, *, budget: int,
+               pops: int) -> DraftTree:
+    """The best-first loop for one tree, `pops` iterations (max_pops; the spare ones change
+    nothing); caps [D] (see tree_caps) is the only other method dependence."""
     depth, width = topk_logprobs.shape  # D, K
     n = budget
     lp = topk_logprobs.astype(jnp.float32)  # [D, K]
@@ -115,17 +141,15 @@ def _grow(root_token, topk_logprobs, topk_tokens, caps, *, budget: int) -> Draft
     # popped and discarded, so leaving them out keeps every iteration productive.
     open_ = (idx == 0) & (depth > 0)
 
-    def cond(state):
-        num, *_, open_ = state
-        return (num < n) & open_.any()
-
-    def body(state):
+    def body(_, state):
         num, tokens, parents, depths, scores, open_ = state
+        live = (num < n) & open_.any()
         masked = jnp.where(open_, scores, -jnp.inf)
         # First index among the open maxima; also right when every open score is -inf.
         best = jnp.argmax(open_ & (masked == masked.max())).astype(jnp.int32)
         d = depths[best]  # children take candidate row d, i.e. depth d + 1
-        keep = jnp.arange(width) < jnp.minimum(caps[d], n - num)  # [K]
+        # A finished tree writes padding over padding at [num, num + K): nothing changes.
+        keep = jnp.arange(width) < jnp.where(live, jnp.minimum(caps[d], n - num), 0)  # [K]
 
         def put(arr, new, pad):  # write the fan-out at [num, num + K), padding past the cap
             fan = jnp.where(keep, new, pad).astype(arr.dtype)  # [K]
@@ -137,11 +161,11 @@ def _grow(root_token, topk_logprobs, topk_tokens, caps, *, budget: int) -> Draft
             put(parents, best, -1),
             put(depths, d + 1, 0),
             put(scores, scores[best] + lp[d], -jnp.inf),
-            put(open_.at[best].set(False), d + 1 < depth, False),
+            put(open_.at[best].set(open_[best] & ~live), d + 1 < depth, False),
         )
 
     state = (jnp.int32(1), tokens, parents, depths, scores, open_)
-    num, tokens, parents, depths, scores, _ = jax.lax.while_loop(cond, body, state)
+    num, tokens, parents, depths, scores, _ = jax.lax.fori_loop(0, pops, body, state)
     parents = parents[:n]
     return DraftTree(
         tokens=tokens[:n],
@@ -151,6 +175,84 @@ def _grow(root_token, topk_logprobs, topk_tokens, caps, *, budget: int) -> Draft
         valid=jnp.arange(n) < num,
         ancestors=ancestor_matrix(parents, depth),
     )
+
+
+def _grow_sorted(root_token, topk_logprobs, topk_tokens, caps, *, budget: int, pops: int,
+                 fan: int) -> DraftTree:
+    """The same tree without the pop loop (module docstring); fan = a static bound on caps."""
+    depth, width = topk_logprobs.shape  # D, K
+    n, m = budget, max(pops, 1)
+    lp = topk_logprobs.astype(jnp.float32)  # [D, K]
+    tk = topk_tokens.astype(jnp.int32)  # [D, K]
+    caps = caps.astype(jnp.int32)  # [D]
+    levels = min(depth, pops)  # a depth-d pop needs d pops before it: only depths < levels
+    idx = jnp.arange(m, dtype=jnp.int32)
+
+    # G = the first m poppable nodes in pop order: score, depth, parent (its index in G; -1 for
+    # the root), sibling rank, valid.
+    if fan == 1:  # a path: node k is at depth k (scores summed in the same order as the loop)
+        score = [jnp.float32(0)]
+        for k in range(levels - 1):
+            score.append(score[-1] + lp[k, 0])
+        score = jnp.full(m, -jnp.inf, jnp.float32).at[:len(score)].set(jnp.stack(score))
+        g = (score, idx, idx - 1, jnp.zeros(m, jnp.int32), idx < levels)
+    else:
+        g = (jnp.where(idx == 0, 0.0, -jnp.inf), jnp.zeros(m, jnp.int32),
+             jnp.full(m, -1, jnp.int32), jnp.zeros(m, jnp.int32), idx == 0)
+
+        def grow(_, g):
+            score, dep, _, _, ok = g
+            row = jnp.minimum(dep, depth - 1)
+            kid = score[:, None] + lp[row, :fan]  # [m, fan]: child j of node i
+            good = (ok & (dep + 1 < levels))[:, None] & (jnp.arange(fan) < caps[row][:, None])
+            # The root (score 0) at 0, then child j of node i at 1 + i * fan + j: a stable sort
+            # breaks score ties by parent's pop order, then sibling rank, i.e. by pop order.
+            # -score >= 0 as int32 bits orders like the float (-0.0 -> 0); invalid goes last.
+            bits = jnp.maximum(jax.lax.bitcast_convert_type(-kid, jnp.int32), 0)
+            key = jnp.where(good, bits, jnp.iinfo(jnp.int32).max).ravel()
+            key = jnp.concatenate([jnp.zeros(1, jnp.int32), key])
+            _, u = jax.lax.sort((key, jnp.arange(key.size, dtype=jnp.int32)), num_keys=1,
+                                is_stable=True)
+            root, c = u[:m] == 0, jnp.maximum(u[:m] - 1, 0)
+            i, j = c // fan, c % fan
+            return (jnp.where(root, 0.0, kid.ravel()[c]), jnp.where(root, 0, dep[i] + 1),
+                    jnp.where(root, -1, i), jnp.where(root, 0, j), root | good.ravel()[c])
+
+        # Round t makes G the first m nodes of depth <= t; the last round adds nothing but
+        # makes parent indices point into the final G.
+        g = jax.lax.fori_loop(0, levels, grow, g)
+    score, dep, par, sib, ok = g
+
+    # Pops are G's valid nodes in order, while nodes are left: pop p's children take slots
+    # start[p] .. start[p] + cap - 1, so a popped node's own slot is start[parent] + sib.
+    kids = jnp.where(ok, caps[dep], 0)
+    start = 1 + jnp.cumsum(kids) - kids
+    taken = ok & (start < n)
+    own = jnp.where(par < 0, 0, start[par] + sib)
+    # Slot s >= 1 is child s - start[p] of the last taken pop p with start[p] <= s.
+    slot = jnp.arange(n, dtype=jnp.int32)
+    p = jnp.cumsum(jnp.zeros(n, jnp.int32).at[start].add(taken, mode="drop")) - 1
+    pc = jnp.maximum(p, 0)
+    j = slot - start[pc]
+    child = (p >= 0) & (j < kids[pc])
+    d, j = dep[pc], jnp.minimum(j, width - 1)
+    parents = jnp.where(child, own[pc], -1)
+    return DraftTree(
+        tokens=jnp.where(child, tk[d, j], jnp.where(slot == 0, root_token, 0).astype(jnp.int32)),
+        parents=parents,
+        depths=jnp.where(child, d + 1, 0),
+        scores=jnp.where(child, score[pc] + lp[d, j], jnp.where(slot == 0, 0.0, -jnp.inf)),
+        valid=child | (slot == 0),
+        ancestors=ancestor_matrix(parents, depth),
+    )
+
+
+def _grow(root_token, topk_logprobs, topk_tokens, caps, *, budget: int, pops: int, fan: int,
+          loop: bool) -> DraftTree:
+    if loop:
+        return _grow_loop(root_token, topk_logprobs, topk_tokens, caps, budget=budget, pops=pops)
+    return _grow_sorted(root_token, topk_logprobs, topk_tokens, caps, budget=budget, pops=pops,
+                        fan=fan)
 
 
 def ancestor_matrix(parents, max_depth: int) -> jax.Array:
@@ -169,14 +271,26 @@ def ancestor_matrix(parents, max_depth: int) -> jax.Array:
     return anc
 
 
-# The method only picks caps, so the loop compiles once per (budget, D, K) whichever method runs.
-_grow_one = jax.jit(_grow, static_argnames="budget")
+# The method picks caps and the static arguments; one compile per their values and (D, K).
+_STATIC = ("budget", "pops", "fan", "loop")
+_grow_one = jax.jit(_grow, static_argnames=_STATIC)
 
 
-@functools.partial(jax.jit, static_argnames="budget")
-def _grow_batch(root_tokens, topk_logprobs, topk_tokens, caps, *, budget: int) -> DraftTree:
-    grow = functools.partial(_grow, budget=budget)
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _grow_batch(root_tokens, topk_logprobs, topk_tokens, caps, **static) -> DraftTree:
+    grow = functools.partial(_grow, **static)
     return jax.vmap(grow)(root_tokens, topk_logprobs, topk_tokens, caps)
+
+
+def _statics(budget: int, method: str, depth: int, width: int) -> dict:
+    """Static arguments of _grow. The sorted builder runs min(D, pops) rounds (a chain: none)
+    where the loop runs `pops` pops, but a round sorts pops * K + 1 keys (on CPU about 2.5 pops
+    at batch 1, more batched). So it is used only where it saves rounds, and not for top2gap,
+    whose pops = N - 1 (caps can be 1) make each round sort ~N * K keys."""
+    pops = max_pops(budget, width, depth, method)
+    fan = 1 if method == "chain" else width
+    loop = fan > 1 and (method == "top2gap" or pops <= depth)
+    return dict(budget=budget, pops=pops, fan=fan, loop=loop)
 
 
 def build_tree(root_token, topk_logprobs, topk_tokens, *, budget: int, method: str = "accum_logp",
@@ -186,7 +300,8 @@ def build_tree(root_token, topk_logprobs, topk_tokens, *, budget: int, method: s
     budget and method are static; everything runs on device and traces cleanly inside jax.jit."""
     _check(topk_logprobs, topk_tokens, budget, method, batched=False)
     caps = tree_caps(topk_logprobs, method, beta, g0)  # [D]
-    return _grow_one(root_token, topk_logprobs, topk_tokens, caps, budget=budget)
+    return _grow_one(root_token, topk_logprobs, topk_tokens, caps,
+                     **_statics(budget, method, *topk_logprobs.shape))
 
 
 def build_trees(root_tokens, topk_logprobs, topk_tokens, *, budget: int, method: str = "accum_logp",
@@ -194,4 +309,5 @@ def build_trees(root_tokens, topk_logprobs, topk_tokens, *, budget: int, method:
     """Batched: root_tokens [B], topk_* [B, D, K] -> DraftTree with fields [B, N] and [B, N, N]."""
     _check(topk_logprobs, topk_tokens, budget, method, batched=True)
     caps = tree_caps(topk_logprobs, method, beta, g0)  # [B, D]
-    return _grow_batch(root_tokens, topk_logprobs, topk_tokens, caps, budget=budget)
+    return _grow_batch(root_tokens, topk_logprobs, topk_tokens, caps,
+                       **_statics(budget, method, *topk_logprobs.shape[1:]))

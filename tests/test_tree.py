@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jetspec_jax.tree import (
-    METHODS, DraftTree, build_tree, build_trees, reachable_depth, topk_from_logits, tree_caps,
+    METHODS, DraftTree, _grow_batch, _statics, build_tree, build_trees, reachable_depth,
+    topk_from_logits, tree_caps,
 )
 from jetspec_jax.tree_reference import build_tree_numpy, tree_caps_numpy
 
@@ -179,6 +180,33 @@ def test_ties(seed, values, shape, method):
     for b in range(BATCH):
         assert_same(tree_at(got, b), build_tree_numpy(roots[b], lp[b], tk[b], budget, method))
         check_invariants(tree_at(got, b), lp[b], tk[b], budget, method)
+
+
+# Every (budget, width), and every pair of the four factors, once: depth and method by Latin
+# squares over the 18 (budget, width) pairs.
+TIE_GRID = [(n, k, DEPTHS[(i + j) % 3], METHODS[(i + 2 * j) % 3])
+            for i, n in enumerate((1, 2, 5, 16, 64, 256)) for j, k in enumerate(WIDTHS)]
+
+
+@pytest.mark.parametrize("budget,width,depth,method", TIE_GRID)
+def test_many_ties_both_builders(budget, width, depth, method):
+    """Log-probs from {0, -0.5, -1, -inf}: most cumulative scores tie, within and across depths.
+    Both builders (the sorted one and the pop loop; build_trees picks one per method) must give
+    the reference's tree, so they agree with each other too."""
+    rng = np.random.default_rng([budget, width, depth, METHODS.index(method)])
+    values = np.float32([0.0, -0.5, -1.0, -np.inf])
+    lp = rng.choice(values, p=[0.3, 0.3, 0.3, 0.1], size=(8, depth, width))
+    lp[:4] = -np.sort(-lp[:4], axis=-1)  # top-k order in half the rows, any order in the rest
+    tk = np.argsort(rng.random((8, depth, VOCAB)), axis=-1)[..., :width].astype(np.int32)
+    roots = np.arange(8, dtype=np.int32)
+    caps = tree_caps(jnp.asarray(lp), method)
+    static = _statics(budget, method, depth, width)
+    trees = {loop: _grow_batch(roots, lp, tk, caps, **{**static, "loop": loop})
+             for loop in (False, True)}
+    for b in range(8):
+        want = build_tree_numpy(roots[b], lp[b], tk[b], budget, method)
+        for loop, got in trees.items():
+            assert_same(tree_at(got, b), want, f"{method} row {b} loop={loop}")
 
 
 def test_ties_prefer_earliest_inserted():
