@@ -1,0 +1,37 @@
+"""The GPU benchmark scripts run end to end on a tiny model on the CPU, so a script bug is found
+here rather than in a call that spends device time. Their numbers here mean nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(*argv: str) -> None:
+    done = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_bench_speculative_rounds_and_phases(tmp_path):
+    out = tmp_path / "spec.json"
+    run_script("bench/bench_speculative.py", "--skip-check", "--model", "tiny-dense",
+               "--batches", "1", "--phase-batches", "1", "--budgets", "8",
+               "--dump-hlo", str(tmp_path / "hlo"), "--out", str(out))
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["budget"] == 8 and row["round_ms"] > 0 and row["ar_step_ms"] > 0
+    assert all(row[k] >= 0 for k in ("draft_ms", "tree_ms", "verify_ms", "accept_commit_ms"))
+    assert {p.name for p in (tmp_path / "hlo").iterdir()} == {
+        "ar_tiny-dense_b1_s1024.hlo.txt.gz", "round8_tiny-dense_b1_s1024.hlo.txt.gz"}
+
+
+def test_bench_moe_verify_tiny(tmp_path):
+    out = tmp_path / "moe.json"
+    run_script("bench/bench_moe_verify.py", "--tiny", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    checked = [r for r in rows if r["impl"] == "pallas"]
+    assert checked and all(r["rel_err"] < 1e-5 for r in checked)
