@@ -50,11 +50,12 @@ def load_build_trees(rev: str):
     else:
         source = subprocess.run(["git", "show", f"{rev}:jetspec_jax/tree.py"], cwd=ROOT,
                                 check=True, capture_output=True, text=True).stdout
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("tree_compare", f.name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "tree_compare.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location("tree_compare", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     return module.build_trees
 
 

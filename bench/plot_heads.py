@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: bench machines have no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from results_io import write_atomic  # noqa: E402
 
 HEADS = {"jetspec": "tab:blue", "dflash": "tab:orange", "eagle": "tab:green"}
 STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]
@@ -121,14 +121,10 @@ def plot(results: list[dict], labels: list[str], out: Path) -> None:
     handles += file_handles
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.01 + 0.045 * ((len(handles) + 1) // 2), 1, 1))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # same directory: the rename is atomic
     try:
-        fig.savefig(tmp, dpi=130, format="png")
-        os.replace(tmp, out)
+        write_atomic(out, lambda f: fig.savefig(f, dpi=130, format="png"))
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,18 +6,25 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 
-def write_text(path: str | os.PathLike, text: str) -> None:
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
+    """Runs `write(file)` on a temporary file beside `path`, then renames it to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
+        with open(tmp, "wb") as f:
+            write(f)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    write_atomic(path, lambda f: f.write(text.encode()))
 
 
 def write_json(path: str | os.PathLike, data: Any) -> None:

@@ -37,8 +37,8 @@ TREES = ("accum_logp", "top2gap", "chain")
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "dtype", None) == "float32":
-        api.exact_float32("float32")
+    if getattr(args, "dtype", None):
+        api.exact_float32(args.dtype)
     try:
         args.run(args)
     except (ValueError, OSError, NotImplementedError) as e:  # bad inputs, named in the message
