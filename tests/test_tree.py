@@ -300,3 +300,14 @@ def test_bad_inputs():
         build_trees(jnp.zeros(1, jnp.int32), lp, tk, budget=4)  # unbatched arrays
     with pytest.raises(ValueError):
         build_tree_numpy(0, lp, tk, 0)
+
+
+def test_builder_choice_by_backend(monkeypatch):
+    """The pop loop serves only the CPU (top2gap, or pops <= depth); a GPU always sorts."""
+    assert _statics(256, "top2gap", 15, 7)["loop"]
+    assert _statics(16, "accum_logp", 15, 7)["loop"]
+    assert not _statics(256, "accum_logp", 15, 7)["loop"]
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    for method in ("top2gap", "accum_logp"):
+        for budget in (16, 64, 256):
+            assert not _statics(budget, method, 15, 7)["loop"], (method, budget)
