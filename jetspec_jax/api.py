@@ -41,7 +41,7 @@ from pallas_kernels.tree_attention.api import IMPLEMENTATIONS
 
 DEFAULT_MODEL = "smollm2-135m"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-ATTN_IMPLS = ("auto", *IMPLEMENTATIONS)
+ATTN_IMPLS = ("auto", *IMPLEMENTATIONS, "fused")  # "fused": target.FUSED_IMPLS
 AUTO_BUCKETS = None  # tree sizes budget="auto" picks from each round; None: `auto_buckets()`
 CPU_BUCKETS = (4, 8, 16, 32)  # a CPU's best fixed budget was 8 (docs/benchmarks.md)
 _NO_GPU_IMPLS = ("auto", "reference", "xla")

@@ -156,7 +156,9 @@ def _model_flags(p, *, without_head: str) -> None:
     p.add_argument("--attn-impl", choices=api.ATTN_IMPLS, default="auto",
                    help="attention implementation: auto picks the best GPU kernel, or the "
                    "XLA reference on CPU; the Pallas kernels (portable/triton, mosaic/hopper, "
-                   "decode) need a GPU (default: %(default)s)")
+                   "decode) need a GPU; fused: auto, with each decode step's q/k norm, RoPE, "
+                   "cache write and attention in one kernel (GPU; not yet measured) "
+                   "(default: %(default)s)")
     p.add_argument("--no-chat", action="store_true",
                    help="feed prompts as raw text instead of wrapping them in the chat template")
     p.add_argument("--mesh", metavar="SPEC",

@@ -174,7 +174,7 @@ def head_hidden(dparams, dcfg: DraftConfig, cache: KVCache, x, positions, mask, 
         q = rope(q, positions, cfg.rope_theta)
         k, v = key_value(p, cfg, h, positions)
         kc, vc = write_slots(kc, k, start), write_slots(vc, v, start)
-        attn = cache_attention(q, kc, vc, start, mask, impl=attn_impl)
+        attn = cache_attention(q, kc, vc, start, mask, impl=target.cache_impl(attn_impl))
         x = x + jnp.einsum("BTNH,NHD->BTD", attn, p["o"])
         x = x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
     return rms_norm(x, dparams["norm"], cfg.rms_norm_eps)

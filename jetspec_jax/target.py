@@ -14,7 +14,19 @@ import jax.numpy as jnp
 from jetspec_jax.cache import KVCache, write_slots
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.layers import moe, project, rms_norm, rope, swiglu
+from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
 from pallas_kernels.tree_attention import cache_attention
+
+# attn_impl values the model adds to the cache-attention ones: one decode token per sequence
+# runs `fused_decode_attention` (q/k norm, RoPE, cache write and attention in one kernel), every
+# other call "auto" ("fused") or the reference ("fused_interpret": the kernel in interpret mode,
+# for CPU tests). Opt-in until measured on a GPU (docs/notes.md).
+FUSED_IMPLS = ("fused", "fused_interpret")
+
+
+def cache_impl(attn_impl: str) -> str:
+    """The cache-attention impl behind a model attn_impl (the fused ones add only T == 1)."""
+    return {"fused": "auto", "fused_interpret": "reference"}.get(attn_impl, attn_impl)
 
 
 def embed(params, tokens):
@@ -36,6 +48,13 @@ def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_s
     q = project("BTD,DNH->BTNH", x, p["q"], cfg.matmul)
     k = project("BTD,DKH->BTKH", x, p["k"], cfg.matmul)
     v = project("BTD,DKH->BTKH", x, p["v"], cfg.matmul)
+    if attn_impl in FUSED_IMPLS:
+        fused = _fused_decode(p, cfg, q, k, v, positions, k_cache, v_cache, write_start,
+                              interpret=attn_impl == "fused_interpret")
+        if fused is not None:
+            out, k_cache, v_cache = fused
+            return project("BTNH,NHD->BTD", out, p["o"], cfg.matmul), k_cache, v_cache
+        attn_impl = cache_impl(attn_impl)
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
@@ -45,6 +64,21 @@ def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_s
     v_cache = write_slots(v_cache, v, write_start)
     out = cache_attention(q, k_cache, v_cache, write_start, block_mask, impl=attn_impl)
     return project("BTNH,NHD->BTD", out, p["o"], cfg.matmul), k_cache, v_cache
+
+
+def _fused_decode(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, write_start, *,
+                  interpret: bool):
+    """(out, k_cache, v_cache) from the fused decode kernel, or None where it does not serve
+    (more than one token, a cache dtype other than the activations', ...)."""
+    if q.shape[1] != 1:
+        return None
+    cos, sin = rope_cos_sin(positions[:, 0], cfg.head_dim, cfg.rope_theta)
+    norms = (p["q_norm"], p["k_norm"]) if cfg.qk_norm else (None, None)
+    try:
+        return fused_decode_attention(q, k, v, k_cache, v_cache, write_start, cos, sin, *norms,
+                                      eps=cfg.rms_norm_eps, interpret=interpret)
+    except NotImplementedError:
+        return None
 
 
 def mlp_block(p, cfg: ModelConfig, x):

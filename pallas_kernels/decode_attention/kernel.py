@@ -7,10 +7,14 @@ chunks processed by separate programs; the partial results (normalized output an
 log-sum-exp per split) are merged in a small XLA epilogue. Chunks are sized from each
 sequence's own length at run time, so ragged batches keep every program busy and no slot
 beyond prefix_len is read. The G query heads sharing a KV head are the rows of one tile.
+
+The pieces of a program (`split_range`, `attend_slots`, `store_partial`) and of the launch
+(`launch_shape`, `partial_outputs`, `merge_splits`) are shared with `fused.py`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -27,52 +31,151 @@ def _cdiv(x, c: int):
     return lax.div(x + (c - 1), c)
 
 
-def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, head_dim, block_k, num_splits,
-            scale, precision, interpret):
-    bh, hp = q_ref.shape
-    sp = pl.program_id(2)
-    kv_len = len_ref[()] + 1  # prefix plus the new key at slot prefix_len
+def padded_head_dim(head_dim: int) -> int:
+    return max(16, common.next_pow2(head_dim))
 
-    head_ok = None if hp == head_dim else (lax.iota(jnp.int32, hp) < head_dim)[None, :]
-    q = q_ref[...]
-    qk_scale = scale * common.LOG2E
 
+@dataclasses.dataclass(frozen=True)
+class HeadLayout:
+    """How a program reads the head dim H. Scores sum over query parts: part i is the columns
+    [part_starts[i], part_starts[i] + part_len), zero-padded to part_width (one part, the whole
+    head, here; the two RoPE halves in the fused kernel, which cannot concatenate them in
+    registers). V and the output are value_width (H padded to a power of two) wide."""
+
+    head_dim: int
+    part_starts: tuple[int, ...]
+    part_len: int
+    part_width: int
+    value_width: int
+
+    @classmethod
+    def whole(cls, head_dim: int) -> HeadLayout:
+        hp = padded_head_dim(head_dim)
+        return cls(head_dim, (0,), head_dim, hp, hp)
+
+    @classmethod
+    def halves(cls, head_dim: int) -> HeadLayout:
+        half = head_dim // 2
+        return cls(head_dim, (0, half), half, padded_head_dim(half), padded_head_dim(head_dim))
+
+    @property
+    def block_width(self) -> int:
+        """Width of the blocks the columns are read from: reads past H are masked, but their
+        static extent must lie inside the block."""
+        return max(self.value_width, self.part_starts[-1] + self.part_width)
+
+    def part_ok(self):
+        """[1, part_width] column mask, None without padding."""
+        return _cols_ok(self.part_width, self.part_len)
+
+    def value_ok(self):
+        return _cols_ok(self.value_width, self.head_dim)
+
+
+def _cols_ok(width: int, used: int):
+    return None if width == used else (lax.iota(jnp.int32, width) < used)[None, :]
+
+
+def split_range(kv_len, num_splits: int, block_k: int):
+    """(start, n): this program's share [start, start + n) of the slots [0, kv_len), split
+    `num_splits` ways along grid axis 2 in whole blocks (trailing splits may be empty)."""
     chunk = _cdiv(_cdiv(kv_len, num_splits), block_k) * block_k
-    start = sp * chunk
-    n = jnp.maximum(jnp.minimum(chunk, kv_len - start), 0)
+    start = pl.program_id(2) * chunk
+    return start, jnp.maximum(jnp.minimum(chunk, kv_len - start), 0)
 
-    def load_kv(ref, pos, row_ok):
-        return common.load_rows(ref, pos, block_k, hp, head_ok, row_ok)
+
+def empty_state(rows: int, width: int):
+    """Online-softmax state (acc, running max, running sum) before any key."""
+    return (jnp.zeros((rows, width), jnp.float32),
+            jnp.full((rows,), common.NEG_INIT, jnp.float32),
+            jnp.zeros((rows,), jnp.float32))
+
+
+def attend_slots(state, q_parts, k_ref, v_ref, start, n, *, layout: HeadLayout, block_k: int,
+                 qk_scale: float, precision, interpret: bool):
+    """Folds cache slots [start, start + n) of k_ref / v_ref [S, H] into the online-softmax
+    state of the query rows (q_parts as in `HeadLayout`; logits in base 2, qk_scale includes
+    log2 e). Reads no slot outside the range."""
+    part_ok, value_ok = layout.part_ok(), layout.value_ok()
+
+    def scores(pos, row_ok):
+        s = None
+        for q, col in zip(q_parts, layout.part_starts):
+            k = common.load_rows(k_ref, pos, block_k, layout.part_width, part_ok, row_ok, col=col)
+            d = common.kernel_dot(q, k, trans_b=True, precision=precision, upcast=interpret)
+            s = d if s is None else s + d
+        return s * qk_scale
 
     def step(i, carry, masked):
         acc, m_i, l_i = carry
         pos = start + i * block_k
         row_ok = (i * block_k + lax.iota(jnp.int32, block_k) < n) if masked else None
-        k = load_kv(k_ref, pos, row_ok)
-        s = common.kernel_dot(q, k, trans_b=True, precision=precision, upcast=interpret) * qk_scale
+        s = scores(pos, row_ok)
         if masked:
             s = jnp.where(row_ok[None, :], s, -jnp.inf)
         m_new = jnp.maximum(m_i, jnp.max(s, axis=1))
         alpha = jnp.exp2(m_i - m_new)
         p = jnp.exp2(s - m_new[:, None])
         l_new = l_i * alpha + jnp.sum(p, axis=1)
-        v = load_kv(v_ref, pos, row_ok)
+        v = common.load_rows(v_ref, pos, block_k, layout.value_width, value_ok, row_ok)
         pv = common.kernel_dot(p.astype(v.dtype), v, precision=precision, upcast=interpret)
         acc = acc * alpha[:, None] + pv
         return acc, m_new, l_new
 
-    carry = (
-        jnp.zeros((bh, hp), jnp.float32),
-        jnp.full((bh,), common.NEG_INIT, jnp.float32),
-        jnp.zeros((bh,), jnp.float32),
-    )
     n_full = lax.div(n, block_k)
-    carry = lax.fori_loop(0, n_full, functools.partial(step, masked=False), carry)
-    acc, m_i, l_i = lax.fori_loop(n_full, _cdiv(n, block_k), functools.partial(step, masked=True),
-                                  carry)
+    state = lax.fori_loop(0, n_full, functools.partial(step, masked=False), state)
+    return lax.fori_loop(n_full, _cdiv(n, block_k), functools.partial(step, masked=True), state)
+
+
+def store_partial(o_ref, lse_ref, state):
+    """Writes the split's normalized output and log2-sum-exp2 (-inf if it saw no key)."""
+    acc, m_i, l_i = state
     seen = l_i > 0
     o_ref[...] = acc / jnp.where(seen, l_i, 1.0)[:, None]
     lse_ref[...] = jnp.where(seen, m_i + jnp.log2(jnp.where(seen, l_i, 1.0)), -jnp.inf)
+
+
+def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, layout, block_k, num_splits,
+            scale, precision, interpret):
+    kv_len = len_ref[()] + 1  # prefix plus the new key at slot prefix_len
+    start, n = split_range(kv_len, num_splits, block_k)
+    state = empty_state(*q_ref.shape)
+    state = attend_slots(state, (q_ref[...],), k_ref, v_ref, start, n, layout=layout,
+                         block_k=block_k, qk_scale=scale * common.LOG2E, precision=precision,
+                         interpret=interpret)
+    store_partial(o_ref, lse_ref, state)
+
+
+def launch_shape(q, kv_heads: int, kv_len: int, config: DecodeConfig | None):
+    """(config, padded rows, splits) for q [B, 1, N, H] against a cache [B, K, S, H]."""
+    b, _, n, h = q.shape
+    cfg = config or decode_config(n // kv_heads, h, batch=b, kv_len=kv_len, dtype=q.dtype)
+    rows = max(cfg.block_h, 16, common.next_pow2(n // kv_heads))
+    if cfg.num_splits is not None:
+        return cfg, rows, cfg.num_splits
+    splits = common.auto_num_splits(b * kv_heads, max(kv_len, cfg.block_k), cfg.block_k,
+                                    min_blocks_per_split=cfg.min_blocks_per_split)
+    return cfg, rows, splits
+
+
+def partial_outputs(batch: int, kv_heads: int, splits: int, rows: int, width: int):
+    """(out_specs, out_shape) of the per-split partial outputs [B, K, splits, rows, width] and
+    log2-sum-exps [B, K, splits, rows] (float32), program (b, h, s) writing its own block."""
+    specs = [
+        pl.BlockSpec((None, None, None, rows, width), lambda bi, hi, si: (bi, hi, si, 0, 0)),
+        pl.BlockSpec((None, None, None, rows), lambda bi, hi, si: (bi, hi, si, 0)),
+    ]
+    shapes = [
+        jax.ShapeDtypeStruct((batch, kv_heads, splits, rows, width), jnp.float32),
+        jax.ShapeDtypeStruct((batch, kv_heads, splits, rows), jnp.float32),
+    ]
+    return specs, shapes
+
+
+def merge_splits(o, lse, num_q_heads: int, head_dim: int, dtype):
+    """The XLA epilogue: partial outputs -> [B, 1, N, H] in dtype."""
+    out = common.combine_splits(o, lse, split_axis=2).astype(dtype)  # [B, K, rows, width]
+    return common.unpack_rows(out, 1, num_q_heads, head_dim)
 
 
 def supported(q, k_cache) -> str | None:
@@ -98,23 +201,18 @@ def decode_attention(q, k_cache, v_cache, prefix_len, block_mask=None, *,
         raise NotImplementedError(f"decode attention: {why}")
     b, _, n, h = q.shape
     _, kh, s, _ = k_cache.shape
-    g = n // kh
-    cfg = config or decode_config(g, h, batch=b, kv_len=s, dtype=q.dtype)
-    bh = max(cfg.block_h, 16, common.next_pow2(g))
-    hp = max(16, common.next_pow2(h))
+    cfg, bh, ns = launch_shape(q, kh, s, config)
+    layout = HeadLayout.whole(h)
+    hp = layout.value_width
     if s < cfg.block_k:  # tiny cache: pad it so that every (masked) block load stays in bounds
         pad = ((0, 0), (0, 0), (0, cfg.block_k - s), (0, 0))
         k_cache, v_cache, s = jnp.pad(k_cache, pad), jnp.pad(v_cache, pad), cfg.block_k
-    if cfg.num_splits is not None:
-        ns = cfg.num_splits
-    else:
-        ns = common.auto_num_splits(b * kh, s, cfg.block_k,
-                                    min_blocks_per_split=cfg.min_blocks_per_split)
 
     qr = common.pack_rows(q, kh, bh, hp)  # [B, K, bh, hp]
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
-    kernel = functools.partial(_kernel, head_dim=h, block_k=cfg.block_k, num_splits=ns,
+    kernel = functools.partial(_kernel, layout=layout, block_k=cfg.block_k, num_splits=ns,
                                scale=h ** -0.5, precision=precision, interpret=interpret)
+    out_specs, out_shape = partial_outputs(b, kh, ns, bh, hp)
     o, lse = pl.pallas_call(
         kernel,
         grid=(b, kh, ns),
@@ -124,17 +222,10 @@ def decode_attention(q, k_cache, v_cache, prefix_len, block_mask=None, *,
             pl.BlockSpec((None, None, s, hp), lambda bi, hi, si: (bi, hi, 0, 0)),
             pl.BlockSpec((None, None, s, hp), lambda bi, hi, si: (bi, hi, 0, 0)),
         ],
-        out_specs=[
-            pl.BlockSpec((None, None, None, bh, hp), lambda bi, hi, si: (bi, hi, si, 0, 0)),
-            pl.BlockSpec((None, None, None, bh), lambda bi, hi, si: (bi, hi, si, 0)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((b, kh, ns, bh, hp), jnp.float32),
-            jax.ShapeDtypeStruct((b, kh, ns, bh), jnp.float32),
-        ],
+        out_specs=out_specs,
+        out_shape=out_shape,
         compiler_params=pltr.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
         name="decode_attention_splitk",
     )(prefix_len.astype(jnp.int32), qr, k_cache, v_cache)
-    out = common.combine_splits(o, lse, split_axis=2).astype(q.dtype)  # [B, K, bh, hp]
-    return common.unpack_rows(out, 1, n, h)
+    return merge_splits(o, lse, n, h, q.dtype)
