@@ -106,7 +106,7 @@ def bench_one(target, draft, ids, args, costs, attn_impl, done=frozenset()):
         accepted = np.concatenate([a[:r] for a, r in zip(np.asarray(stats.accepted), rounds)])
         nodes = np.concatenate([a[:r] for a, r in zip(np.asarray(stats.nodes), rounds)])
         tps = sum(map(len, tokens)) / seconds
-        row = dict(budget=budget, mode=mode, buckets=list(spec.buckets),
+        row = dict(budget=budget, mode=mode, batch=len(ids), buckets=list(spec.buckets),
                    tau=float(accepted.mean()), mean_nodes=float(nodes.mean()),
                    tokens_per_s=tps, ar_tokens_per_s=ar_tps, speedup=tps / ar_tps,
                    seconds=seconds, compile_s=compile_s, identical=tokens == ar_tokens)
