@@ -235,8 +235,9 @@ def markdown(result: dict) -> str:
              f"- target: {result['model']} (float32), "
              + (f"sampling at temperature {a['temperature']} (= AR does not apply)"
                 if a.get("temperature") else "greedy decoding") + f", width {a['width']}, "
-             f"tree accum_logp, {a['max_new_tokens']} new tokens, the first "
-             f"{a['per_benchmark']} prompts of each benchmark decoded as one ragged batch"
+             f"tree accum_logp, {a['max_new_tokens']} new tokens, "
+             + (f"the first {a['per_benchmark']}" if a["per_benchmark"] else "all")
+             + " prompts of each benchmark decoded as one ragged batch"
              + (" (all benchmarks together)" if a.get("one_batch") else ""),
              "- heads: " + "; ".join(f"{n} = `{p}`" for n, p in result["head_paths"].items()),
              "- tau: tokens committed per round (accepted drafts + 1) over all rounds of the "
@@ -356,7 +357,8 @@ def main():
     for name, (_, path, label) in HEADS.items():
         ap.add_argument(f"--{name}", default=path, help=f"{label} head (default {path})")
     ap.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=list(BENCHMARKS))
-    ap.add_argument("--per-benchmark", type=int, default=6, help="the first N prompts of each")
+    ap.add_argument("--per-benchmark", type=int, default=6,
+                    help="the first N prompts of each (0: all of them)")
     ap.add_argument("--budgets", type=int, nargs="+", default=[16, 64, 256])
     ap.add_argument("--one-batch", action="store_true",
                     help="decode all benchmarks' prompts as one ragged batch (one compile per "
@@ -422,7 +424,7 @@ def main():
             continue
         prompts, owner = [], []  # owner[i]: the benchmark of prompt i
         for bench in benches:
-            some = BENCHMARKS[bench]()[: args.per_benchmark]
+            some = BENCHMARKS[bench]()[: args.per_benchmark or None]  # 0: all
             prompts += some
             owner += [bench] * len(some)
         ar = None if args.temperature > 0 else result["ar"].get(group)
