@@ -522,8 +522,8 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
         tparams = sharding.shard_params(tparams, target_specs(target.cfg), mesh)
         dparams = draft and sharding.shard_params(dparams, draft_specs(draft.dcfg), mesh)
         prompt, lens, key = sharding.replicate((prompt, lens, key), mesh)
-        if mesh.size > 1 and attn == "auto":  # GSPMD splits XLA attention by head, not the
-            attn = "reference"                # Pallas kernels' custom calls (docs/sharding.md)
+        if mesh.size > 1 and attn in ("auto", "fused"):  # GSPMD splits XLA attention by
+            attn = "reference"  # head, not the Pallas kernels' custom calls (docs/sharding.md)
     static = dict(max_new=max_new_tokens, sampler=opts.sampler,
                   stop_ids=tuple(int(s) for s in stop_ids), num_slots=batch.num_slots,
                   attn_impl=attn, cache_dtype=jnp.dtype(target.dtype))
