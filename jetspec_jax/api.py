@@ -1,6 +1,7 @@
-"""The Python API behind the CLI and the notebooks: load a target and a draft head, generate
-(speculative, or autoregressive without a head) with timings and acceptance statistics, and
-sweep tree budgets against autoregressive decoding.
+"""The Python API behind the CLI and the notebooks: load a target and a draft head
+(`loading.py`, re-exported here), generate (speculative, or autoregressive without a head)
+with timings and acceptance statistics (`results.GenerationResult`), and sweep tree budgets
+against autoregressive decoding.
 
     target = load_target("smollm2-135m")
     draft = load_draft(default_draft_path(target.name), target)
@@ -14,164 +15,36 @@ to buckets and compiled executables are kept per shape, so repeated calls do not
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
 import json
-import logging
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jetspec_jax import adaptive, convert, sharding
-from jetspec_jax.checkpoint import CheckpointError, load_target_checkpoint
-from jetspec_jax.config import ModelConfig
+from jetspec_jax import adaptive, sharding
 from jetspec_jax.decode import ar_generate, check_capacity
-from jetspec_jax.draft_head import DraftConfig, draft_specs
+from jetspec_jax.draft_head import draft_specs
+from jetspec_jax.loading import (  # noqa: F401  (re-exported: the API's loading half)
+    CHECKPOINT_DIRS, DEFAULT_MODEL, DTYPES, Draft, Target, check_fits, default_draft_path,
+    load_draft, load_target, read_prompt_file, resolve_dtype)
 from jetspec_jax.params import target_specs
+from jetspec_jax.results import GenerationResult, format_mix  # noqa: F401
 from jetspec_jax.sampling import Sampler
 from jetspec_jax.speculative import TreeSpec, spec_generate, working_slots
-from jetspec_jax.tokenizer import Tokenizer, TokenizerError
+from jetspec_jax.tokenizer import TokenizerError
 from pallas_kernels.tree_attention.api import IMPLEMENTATIONS
 
-DEFAULT_MODEL = "smollm2-135m"
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTN_IMPLS = ("auto", *IMPLEMENTATIONS, "fused")  # "fused": target.FUSED_IMPLS
 AUTO_BUCKETS = None  # tree sizes budget="auto" picks from each round; None: `auto_buckets()`
 CPU_BUCKETS = (4, 8, 16, 32)  # a CPU's best fixed budget was 8 (docs/benchmarks.md)
 _NO_GPU_IMPLS = ("auto", "reference", "xla")
-# Where shipped heads live: the repository's checkpoints/ (editable install), or the package's.
-CHECKPOINT_DIRS = (Path(__file__).resolve().parent.parent / "checkpoints",
-                   Path(__file__).resolve().parent / "checkpoints")
 
 __all__ = ["Target", "Draft", "GenerationResult", "load_target", "load_draft",
            "default_draft_path", "generate", "bench", "read_prompt_file"]
-
-
-# ---- loading ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Target:
-    cfg: ModelConfig
-    params: dict
-    tokenizer: Tokenizer | None
-    name: str  # the model's name (cfg.name): what its default draft head is named after
-    source: str = ""  # what it was loaded from
-    mesh: jax.sharding.Mesh | None = None  # the devices its weights are sharded over
-
-    @property
-    def dtype(self):
-        return self.params["embed"].dtype
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Draft:
-    dcfg: DraftConfig
-    params: dict
-    path: str | None = None
-
-
-def resolve_dtype(dtype):
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}; choose from {sorted(DTYPES)}")
-        return DTYPES[dtype]
-    return jnp.dtype(dtype)
-
-
-def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
-                progress: bool = True, mesh=None) -> Target:
-    """Our checkpoint dir, an HF dir, a .gguf file or an embedded name (see
-    `jetspec_jax.convert.load_target`) -> Target, weights cast to dtype.
-
-    mesh: None (one device), a spec such as "tp=2" or a `Mesh`: the weights are sharded over
-    it (`jetspec_jax.sharding`); our checkpoints are read straight into the shards, other
-    formats are read whole, then sharded."""
-    mesh, dtype = sharding.as_mesh(mesh), resolve_dtype(dtype)
-    with _reading(source):
-        if mesh is not None and (Path(source) / "metadata.json").exists():
-            cfg, params, tokenizer = load_target_checkpoint(source, dtype=dtype, sharding=mesh)
-        else:
-            cfg, params, tokenizer = convert.load_target(source, dtype, progress=progress)
-            if mesh is not None:
-                params = sharding.shard_params(params, target_specs(cfg), mesh)
-    return Target(cfg, params, tokenizer, cfg.name, str(source), mesh)
-
-
-@contextlib.contextmanager
-def _reading(source):
-    """Turns orbax's failure on cut or missing array files into one CheckpointError line."""
-    log = logging.getLogger("asyncio")  # orbax logs a traceback there for each unread array
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    except (ValueError, OSError):
-        raise
-    except Exception as e:  # orbax raises a bare Exception
-        cause = e
-        while cause.__cause__ is not None:  # tensorstore's own message is the telling one
-            cause = cause.__cause__
-        raise CheckpointError(f"{source}: cannot read the stored arrays (truncated or corrupt "
-                              f"checkpoint?): {str(cause).splitlines()[0]}") from e
-    finally:
-        log.setLevel(level)
-
-
-def default_draft_path(target_name: str) -> Path | None:
-    """checkpoints/<target_name>-jetspec/ (repository or package) if it is there, else None."""
-    found = [d / f"{target_name}-jetspec" for d in CHECKPOINT_DIRS]
-    return next((p for p in found if p.is_dir()), None)
-
-
-def load_draft(path: str | Path, target: Target, *, mesh=None) -> Draft:
-    """A draft head (our format or the reference's HF-style format) checked against target,
-    sharded like it over mesh (default: the target's)."""
-    from jetspec_jax import head_io  # imported on use: only the speculative path needs it
-
-    mesh = target.mesh if mesh is None else sharding.as_mesh(mesh)
-    with _reading(path):
-        dcfg, params = head_io.load_any_draft(path, dtype=target.dtype)
-    if mesh is not None:
-        params = sharding.shard_params(params, draft_specs(dcfg), mesh)
-    draft = Draft(dcfg, params, str(path))
-    check_fits(draft, target)
-    return draft
-
-
-def read_prompt_file(path: str | Path) -> list[str]:
-    """One prompt per non-blank line, or for .jsonl one {"prompt": ...} object per line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such prompt file: {path}")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"prompt file {path} is not UTF-8 text (byte {data[e.start]:#04x} at "
-                         f"offset {e.start}); save it as UTF-8") from None
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    if not lines:
-        raise ValueError(f"prompt file {path} holds no prompts (it is empty or blank)")
-    if path.suffix != ".jsonl":
-        return [line for _, line in lines]
-    return [_jsonl_prompt(path, n, line) for n, line in lines]
-
-
-def _jsonl_prompt(path: Path, n: int, line: str) -> str:
-    try:
-        prompt = json.loads(line)["prompt"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        prompt = None
-    if not isinstance(prompt, str):
-        raise ValueError(f'{path}:{n}: expected a JSON object with a "prompt" string')
-    return prompt
 
 
 # ---- options ---------------------------------------------------------------------------------
@@ -232,17 +105,6 @@ def decoding_options(*, budget=None, width=7, tree="accum_logp", draft_mode="per
         budget = default_budget()
     spec = TreeSpec(max(auto_buckets()) if auto else budget, width, tree, draft_mode)
     return Options(Sampler(temperature, top_k, top_p), spec, resolve_attn_impl(attn_impl), auto)
-
-
-def check_fits(draft: Draft, target: Target) -> None:
-    """One ValueError naming every way the head cannot serve the target, and which two."""
-    from jetspec_jax import head_io
-
-    try:
-        head_io.check_head_fits(draft.dcfg, target.cfg)
-    except ValueError as e:
-        where = f"head {draft.path or '<in memory>'}, target {target.source or target.name}"
-        raise ValueError(f"{e} ({where})") from None
 
 
 # ---- prompts -> one padded batch -------------------------------------------------------------
@@ -367,120 +229,6 @@ def adaptive_spec(target: Target, draft: Draft, tparams, dparams, prompt, spec: 
         seconds = time.perf_counter() - start
     return adaptive.auto_tree_spec(_COSTS[key], width=spec.width, method=spec.method,
                                    draft_mode=spec.draft_mode), seconds
-
-
-@dataclasses.dataclass
-class GenerationResult:
-    texts: list[str]
-    tokens: list[list[int]]  # generated ids per prompt (a final stop token included)
-    prompt_lens: list[int]
-    seconds: float  # the generation, compiled code only
-    compile_s: float  # compilation + one warm-up run (+ budget="auto"'s cost measurement);
-    #                   0 when compiled code (and measured costs) were reused
-    attn_impl: str
-    draft: str | None = None  # the head's path; None: autoregressive decoding
-    tree_spec: TreeSpec | None = None
-    rounds: list[int] | None = None  # speculative rounds per sequence
-    accepted: list[list[int]] | None = None  # tokens committed in each round, per sequence
-    nodes: list[list[int]] | None = None  # tree size verified in each round, per sequence
-    ar_tokens: list[list[int]] | None = None  # with compare_autoregressive
-    ar_seconds: float | None = None
-    ar_compile_s: float | None = None
-    greedy: bool = True
-
-    @property
-    def mode(self) -> str:
-        return "autoregressive" if self.rounds is None else "speculative"
-
-    @property
-    def num_generated(self) -> int:
-        return sum(map(len, self.tokens))
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.num_generated / self.seconds
-
-    @property
-    def tau(self) -> list[float] | None:
-        """Mean tokens committed per round (accepted drafts + 1), per sequence."""
-        if self.accepted is None:
-            return None
-        return [sum(a) / max(len(a), 1) for a in self.accepted]
-
-    @property
-    def tau_mean(self) -> float | None:
-        if self.accepted is None:
-            return None
-        return sum(map(sum, self.accepted)) / max(sum(map(len, self.accepted)), 1)
-
-    @property
-    def tau_hist(self) -> list[int] | None:
-        """tau_hist[k]: rounds (all sequences) that committed k tokens."""
-        if self.accepted is None:
-            return None
-        return np.bincount(np.asarray([k for a in self.accepted for k in a], int)).tolist()
-
-    @property
-    def bucket_mix(self) -> dict[int, int] | None:
-        """Tree size -> rounds that verified it (the batch shares each round's size; with
-        budget="auto" the size is chosen per round)."""
-        if self.nodes is None:
-            return None
-        sizes = [max(n[r] for n in self.nodes if len(n) > r)
-                 for r in range(max(map(len, self.nodes), default=0))]
-        return dict(sorted(collections.Counter(sizes).items()))
-
-    @property
-    def ar_tokens_per_s(self) -> float | None:
-        return None if self.ar_tokens is None else sum(map(len, self.ar_tokens)) / self.ar_seconds
-
-    @property
-    def speedup(self) -> float | None:
-        return None if self.ar_tokens is None else self.tokens_per_s / self.ar_tokens_per_s
-
-    @property
-    def ar_identical(self) -> bool | None:
-        """Greedy speculative output == greedy autoregressive output (None when sampling)."""
-        return None if self.ar_tokens is None or not self.greedy else self.ar_tokens == self.tokens
-
-    def summary(self) -> str:
-        lines = []
-        if self.mode == "speculative":
-            t = self.tree_spec
-            budget = (f"auto (buckets {', '.join(map(str, t.buckets))})" if t.buckets
-                      else t.budget)
-            lines.append(f"speculative: draft {self.draft}, budget {budget}, width {t.width}, "
-                         f"tree {t.method}, draft mode {t.draft_mode}, attention "
-                         f"{self.attn_impl}")
-            taus = ", ".join(f"{x:.2f}" for x in self.tau)
-            lines.append(f"  tau {self.tau_mean:.2f} tokens per round"
-                         + (f" (per prompt: {taus})" if len(self.tau) > 1 else "")
-                         + f"; {sum(self.rounds)} rounds")
-            if t.buckets:
-                lines.append(f"  tree sizes chosen: {format_mix(self.bucket_mix)}")
-        else:
-            lines.append(f"autoregressive: attention {self.attn_impl}")
-        lines.append(f"  {self.num_generated} tokens in {self.seconds:.3f} s: "
-                     f"{self.tokens_per_s:.1f} tok/s (compile + warm-up {self.compile_s:.1f} s)")
-        if self.ar_tokens is not None:
-            same = {None: "n/a (sampling)", True: "yes", False: "NO"}[self.ar_identical]
-            lines.append(f"  autoregressive: {self.ar_tokens_per_s:.1f} tok/s; speedup "
-                         f"{self.speedup:.2f}x; greedy outputs identical: {same}")
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict:
-        keys = ("mode", "texts", "tokens", "prompt_lens", "draft", "attn_impl", "seconds",
-                "compile_s", "num_generated", "tokens_per_s", "rounds", "tau", "tau_mean",
-                "tau_hist", "nodes", "bucket_mix", "ar_seconds", "ar_compile_s",
-                "ar_tokens_per_s", "speedup", "ar_identical")
-        d = {k: getattr(self, k) for k in keys}
-        d["tree_spec"] = self.tree_spec and dataclasses.asdict(self.tree_spec)
-        return d
-
-
-def format_mix(mix: dict[int, int]) -> str:
-    """{16: 3, 32: 10} -> "16 x 3, 32 x 10 rounds"."""
-    return ", ".join(f"{size} x {n}" for size, n in mix.items()) + " rounds"
 
 
 # ---- the verbs -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer as Backend, models, pre_tokenizers
 import jetspec_jax
 from fixtures.make_reference_head import reference_config, reference_weights, write_reference_head
 from helpers import tiny_head, tiny_target
-from jetspec_jax import api
+from jetspec_jax import api, loading
 from jetspec_jax.checkpoint import save_target
 from jetspec_jax.cli import build_parser, main
 from jetspec_jax.convert.hf import load_hf
@@ -131,7 +131,7 @@ def test_generate_path_mode_and_auto_budget_match_autoregressive(tiny, monkeypat
 def test_default_draft_path(tmp_path, monkeypatch):
     assert api.default_draft_path("tiny-dense") is None
     (tmp_path / "tiny-dense-jetspec").mkdir()
-    monkeypatch.setattr(api, "CHECKPOINT_DIRS", (tmp_path,))
+    monkeypatch.setattr(loading, "CHECKPOINT_DIRS", (tmp_path,))
     assert api.default_draft_path("tiny-dense") == tmp_path / "tiny-dense-jetspec"
 
 
