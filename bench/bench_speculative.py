@@ -4,6 +4,8 @@ round, split into its phases, against one autoregressive step, for a Qwen3-8B-sh
 with random bf16 weights and a reference-sized head (5 layers, block 16).
 
   python bench/bench_speculative.py --out $OUT/spec.json
+Rows are written as they come; --resume (with the last call's --out carried back in) times
+only the configurations that file lacks.
 Projected speedups use tau from elsewhere (the paper's, or one measured on a real target):
 speedup = tau * t(AR step) / t(round). They are projections, and the table says so.
 """
@@ -212,10 +214,17 @@ def main():
     ap.add_argument("--dump-hlo", default=None, metavar="DIR",
                     help="write those loops' optimised HLO (gzipped) into DIR")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows of an existing --out and time only the missing "
+                         "(model, context, batch, budget) configurations")
     args = ap.parse_args()
     deadline = time.perf_counter() + args.time_budget_s
     result = {"device": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "checks": [], "rows": []}
+    if args.resume and args.out and Path(args.out).is_file():
+        result = json.loads(Path(args.out).read_text())
+        result["commands"] = result.get("commands", [result["command"]]) + [" ".join(sys.argv)]
+    done = {(r["model"], r["context"], r["batch"], r["budget"]) for r in result["rows"]}
     if not args.skip_check:
         for dtype in (jnp.float32, jnp.bfloat16):
             result["checks"].append(check_kernels(dtype))
@@ -228,7 +237,11 @@ def main():
                  (x.split(":") for x in args.batch_budgets)}
     for context in args.contexts:
         for batch in args.batches:
-            for row in time_round(tcfg, tp, dcfg, dp, context, per_batch.get(batch, args.budgets),
+            budgets = [n for n in per_batch.get(batch, args.budgets)
+                       if (tcfg.name, context, batch, n) not in done]
+            if not budgets:  # all resumed: no AR loop to compile either
+                continue
+            for row in time_round(tcfg, tp, dcfg, dp, context, budgets,
                                   batch, batch in args.phase_batches, deadline, args.profile,
                                   args.dump_hlo):
                 result["rows"].append(row)

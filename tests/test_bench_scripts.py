@@ -32,6 +32,14 @@ def test_bench_speculative_rounds_and_phases(tmp_path):
     assert {p.name for p in (tmp_path / "hlo").iterdir()} == {
         "ar_tiny-dense_b1_s1024.hlo.txt.gz", "round8_tiny-dense_b1_s1024.hlo.txt.gz"}
 
+    # --resume keeps the row and times only the missing budget.
+    run_script("bench/bench_speculative.py", "--skip-check", "--model", "tiny-dense",
+               "--batches", "1", "--phase-batches", "--budgets", "8", "4", "--resume",
+               "--out", str(out))
+    result = json.loads(out.read_text())
+    assert [r["budget"] for r in result["rows"]] == [8, 4] and result["rows"][0] == row
+    assert len(result["commands"]) == 2 and "--resume" in result["commands"][1]
+
 
 def test_bench_moe_verify_tiny(tmp_path):
     out = tmp_path / "moe.json"
