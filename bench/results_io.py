@@ -1,31 +1,11 @@
-"""How the benches write their result files: whole or not at all (a temporary file in the same
-folder, then an atomic rename), so a run cut by a time limit never leaves half a JSON."""
+"""How the benches write their result files: whole or not at all (`jetspec_jax.files`: a
+temporary file in the same folder, then an atomic rename), so a run cut by a time limit never
+leaves half a JSON. Importing it does not import jax."""
 
-from __future__ import annotations
-
-import json
-import os
+import sys
 from pathlib import Path
-from collections.abc import Callable
-from typing import Any, BinaryIO
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # uninstalled on the GPU machine
+from jetspec_jax.files import write_atomic, write_json, write_text  # noqa: E402
 
-def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
-    """Runs `write(file)` on a temporary file beside `path`, then renames it to `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_text(path: str | os.PathLike, text: str) -> None:
-    write_atomic(path, lambda f: f.write(text.encode()))
-
-
-def write_json(path: str | os.PathLike, data: Any) -> None:
-    write_text(path, json.dumps(data, indent=1) + "\n")
+__all__ = ["write_atomic", "write_json", "write_text"]

@@ -20,7 +20,6 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from tqdm.auto import tqdm
 
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.decode import ar_generate
+from jetspec_jax.files import write_atomic, write_json
 from jetspec_jax.sampling import Sampler
 
 MANIFEST = "manifest.json"
@@ -155,7 +155,7 @@ def make_dataset(tparams, tcfg: ModelConfig, tokenizer, prompts: Iterable[str],
             arrays = _generate(tparams, tcfg, ids, settings, batch_size, sampler,
                                jax.random.fold_in(jax.random.key(seed), i), stop_ids,
                                tokenizer.pad_id)
-            _atomic_write(file, lambda f: np.savez(f, num_prompts=len(chunk), **arrays))
+            write_atomic(file, lambda f: np.savez(f, num_prompts=len(chunk), **arrays))
         with np.load(file) as z:
             shards.append({"file": file.name, "num_prompts": len(chunk),
                            "num_seqs": int(len(z["lengths"])),
@@ -163,7 +163,7 @@ def make_dataset(tparams, tcfg: ModelConfig, tokenizer, prompts: Iterable[str],
         manifest = {"format": FORMAT, "settings": dataclasses.asdict(settings), "shards": shards,
                     "num_seqs": sum(s["num_seqs"] for s in shards),
                     "num_tokens": sum(s["num_tokens"] for s in shards)}
-        _atomic_write(out / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+        write_json(out / MANIFEST, manifest)
         bar.update(len(chunk))
     bar.close()
     if not shards:
@@ -207,16 +207,6 @@ def _batched(items: Iterable, n: int) -> Iterator[list]:
     it = iter(items)
     while chunk := list(itertools.islice(it, n)):
         yield chunk
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _read_manifest(data_dir: Path) -> dict:

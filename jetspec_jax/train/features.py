@@ -35,7 +35,8 @@ from tqdm.auto import tqdm
 
 from jetspec_jax import target
 from jetspec_jax.config import ModelConfig
-from jetspec_jax.train.data import MANIFEST, DatasetError, _atomic_write, _read_manifest
+from jetspec_jax.files import write_json
+from jetspec_jax.train.data import MANIFEST, DatasetError, _read_manifest
 from jetspec_jax.train.head_forward import target_pass
 
 FEATURE_FORMAT = 1
@@ -131,7 +132,7 @@ def cache_features(tparams, tcfg: ModelConfig, data_dir: str | Path, out_dir: st
                     "data_settings": data_manifest["settings"], "shards": listed,
                     "num_seqs": sum(s["num_seqs"] for s in listed),
                     "num_tokens": sum(s["num_tokens"] for s in listed)}
-        _atomic_write(out / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+        write_json(out / MANIFEST, manifest)
         bar.update(shard["num_tokens"])
     bar.close()
     manifest["seconds"] = time.time() - t0
