@@ -30,7 +30,8 @@ from jax.experimental.pallas import triton as pltr
 
 from pallas_kernels import common
 from pallas_kernels.gemv.config import GemvConfig, SortedConfig, sorted_config
-from pallas_kernels.gemv.kernel import _outer, operand_problem, split_k, stream_k
+from pallas_kernels.gemv.kernel import (_outer, operand_problem, split_k, split_output,
+                                        stream_k, sum_splits)
 
 ROWS = 16  # rows of one row block: the smallest dot Triton emits
 
@@ -128,7 +129,7 @@ def grouped_matmul_sorted_pallas(x, w, group_sizes, *, out_dtype=None,
         evict_first=cfg.evict_first,
         precision=lax.Precision.HIGHEST if x.dtype == jnp.float32 else None,
         interpret=interpret)
-    out_shape = (num_rows, n) if splits == 1 else (splits, num_rows, n)
+    out_spec, out_shape = split_output(num_rows, n, splits, out_dtype)
     out = pl.pallas_call(
         kernel,
         grid=(num_experts, common.cdiv(n, cfg.block_n), splits),
@@ -136,14 +137,13 @@ def grouped_matmul_sorted_pallas(x, w, group_sizes, *, out_dtype=None,
                   pl.BlockSpec((num_experts,), lambda e, j, s: (0,)),
                   pl.BlockSpec((num_rows, k), lambda e, j, s: (0, 0)),
                   pl.BlockSpec(w.shape, lambda e, j, s: (0, 0, 0))],
-        out_specs=pl.BlockSpec(out_shape, lambda e, j, s: (0,) * len(out_shape)),
-        out_shape=jax.ShapeDtypeStruct(out_shape, out_dtype if splits == 1 else jnp.float32),
+        out_specs=out_spec,
+        out_shape=out_shape,
         compiler_params=pltr.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
         name="grouped_matmul_sorted",
     )(offsets, sizes, x, w)
-    if splits > 1:
-        out = jnp.sum(out, axis=0)
+    out = sum_splits(out, splits, out_dtype)
     # Rows past sum(group_sizes) belong to no expert: nothing wrote them (ragged_dot: zero).
     covered = lax.iota(jnp.int32, num_rows) < jnp.sum(sizes)
     return jnp.where(covered[:, None], out, 0).astype(out_dtype)

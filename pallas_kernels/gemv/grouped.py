@@ -22,7 +22,8 @@ from jax.experimental.pallas import triton as pltr
 
 from pallas_kernels import common
 from pallas_kernels.gemv.config import GemvConfig, auto_num_splits, grouped_config
-from pallas_kernels.gemv.kernel import _outer, operand_problem, split_k, stream_k
+from pallas_kernels.gemv.kernel import (_outer, operand_problem, split_k, split_output,
+                                        stream_k, sum_splits)
 
 DOT_ROWS = 16  # the smallest dot Triton emits: the pair's row, then zero rows
 
@@ -87,17 +88,17 @@ def grouped_small_m_matmul_pallas(x, w, experts, *, out_dtype=None,
         chunk=chunk, num_splits=splits, use_dot=cfg.use_dot, evict_first=cfg.evict_first,
         precision=lax.Precision.HIGHEST if x.dtype == jnp.float32 else None,
         interpret=interpret)
-    out_shape = (num_pairs, n) if splits == 1 else (splits, num_pairs, n)
+    out_spec, out_shape = split_output(num_pairs, n, splits, out_dtype)
     out = pl.pallas_call(
         kernel,
         grid=(num_pairs, common.cdiv(n, cfg.block_n), splits),
         in_specs=[pl.BlockSpec((num_pairs,), lambda p, j, s: (0,)),
                   pl.BlockSpec((num_pairs, k), lambda p, j, s: (0, 0)),
                   pl.BlockSpec(w.shape, lambda p, j, s: (0, 0, 0))],
-        out_specs=pl.BlockSpec(out_shape, lambda p, j, s: (0,) * len(out_shape)),
-        out_shape=jax.ShapeDtypeStruct(out_shape, out_dtype if splits == 1 else jnp.float32),
+        out_specs=out_spec,
+        out_shape=out_shape,
         compiler_params=pltr.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
         name="grouped_small_m_matmul",
     )(experts.astype(jnp.int32), x, w)
-    return out if splits == 1 else jnp.sum(out, axis=0).astype(out_dtype)
+    return sum_splits(out, splits, out_dtype)

@@ -78,6 +78,19 @@ def split_k(k: int, block_k: int, want: int) -> tuple[int, int]:
     return chunk, common.cdiv(k, chunk)
 
 
+def split_output(rows: int, n: int, splits: int, out_dtype):
+    """(out_specs, out_shape) of a kernel's whole output: [rows, N] in out_dtype, or with
+    split-K the float32 partials [splits, rows, N] that `sum_splits` adds up."""
+    shape = (rows, n) if splits == 1 else (splits, rows, n)
+    dtype = out_dtype if splits == 1 else jnp.float32
+    return pl.BlockSpec(shape, lambda *_: (0,) * len(shape)), jax.ShapeDtypeStruct(shape, dtype)
+
+
+def sum_splits(out, splits: int, out_dtype):
+    """The XLA epilogue of split-K: partials [splits, rows, N] -> [rows, N] in out_dtype."""
+    return out if splits == 1 else jnp.sum(out, axis=0).astype(out_dtype)
+
+
 def _outer(rows_ok, cols_ok, shape):
     """Mask of a tile of `shape` from optional row and column masks; None when all valid."""
     if rows_ok is None and cols_ok is None:
@@ -133,12 +146,7 @@ def small_m_matmul_pallas(x, w, *, out_dtype=None, config: GemvConfig | None = N
         _kernel, m=m, k=k, n=n, block_m=block_m, block_k=cfg.block_k, block_n=cfg.block_n,
         chunk=chunk, num_splits=splits, use_dot=cfg.use_dot, evict_first=cfg.evict_first,
         precision=precision, interpret=interpret)
-    if splits == 1:
-        out_shape = jax.ShapeDtypeStruct((m, n), out_dtype)
-        out_spec = pl.BlockSpec((m, n), lambda j, s: (0, 0))
-    else:
-        out_shape = jax.ShapeDtypeStruct((splits, m, n), jnp.float32)
-        out_spec = pl.BlockSpec((splits, m, n), lambda j, s: (0, 0, 0))
+    out_spec, out_shape = split_output(m, n, splits, out_dtype)
     out = pl.pallas_call(
         kernel,
         grid=(common.cdiv(n, cfg.block_n), splits),
@@ -150,4 +158,4 @@ def small_m_matmul_pallas(x, w, *, out_dtype=None, config: GemvConfig | None = N
         interpret=interpret,
         name="small_m_matmul",
     )(x, w)
-    return out if splits == 1 else jnp.sum(out, axis=0).astype(out_dtype)
+    return sum_splits(out, splits, out_dtype)
