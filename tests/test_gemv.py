@@ -55,6 +55,15 @@ CASES = [
 ]
 
 
+def forbid_kernel(monkeypatch, name: str) -> None:
+    """Makes pallas_kernels.gemv.api's kernel `name` fail if called: on a CPU without
+    interpret=True, "auto" must not reach it."""
+    def boom(*a, **kw):
+        raise AssertionError(f"{name} called on CPU")
+
+    monkeypatch.setattr(api, name, boom)
+
+
 def operands(m, k, n, dtype, seed=0):
     kx, kw = jax.random.split(jax.random.key(seed))
     return jax.random.normal(kx, (m, k), dtype), jax.random.normal(kw, (k, n), dtype)
@@ -98,10 +107,7 @@ def test_api_impls_and_fallback(monkeypatch):
                               interpret=True)
 
     # On a CPU without interpret=True, auto never reaches the kernel.
-    def boom(*a, **kw):
-        raise AssertionError("kernel called on CPU")
-
-    monkeypatch.setattr(api, "small_m_matmul_pallas", boom)
+    forbid_kernel(monkeypatch, "small_m_matmul_pallas")
     np.testing.assert_allclose(small_m_matmul(x, w), ref, rtol=1e-5, atol=1e-5)
 
 
@@ -222,10 +228,7 @@ def test_grouped_api_impls_and_fallback(monkeypatch):
     np.testing.assert_allclose(grouped_small_m_matmul(x33, w, ids33, interpret=True),
                                grouped_small_m_matmul_reference(x33, w, ids33), rtol=1e-5)
 
-    def boom(*a, **kw):
-        raise AssertionError("kernel called on CPU")
-
-    monkeypatch.setattr(api, "grouped_small_m_matmul_pallas", boom)
+    forbid_kernel(monkeypatch, "grouped_small_m_matmul_pallas")
     np.testing.assert_allclose(grouped_small_m_matmul(x, w, ids), ref, rtol=1e-5, atol=1e-5)
 
 
@@ -359,10 +362,7 @@ def test_sorted_api_impls_and_fallback(monkeypatch):
     np.testing.assert_allclose(grouped_matmul_sorted(x, w, sizes, interpret=True, config=bad),
                                ref, rtol=1e-5, atol=1e-4)
 
-    def boom(*a, **kw):
-        raise AssertionError("kernel called on CPU")
-
-    monkeypatch.setattr(api, "grouped_matmul_sorted_pallas", boom)
+    forbid_kernel(monkeypatch, "grouped_matmul_sorted_pallas")
     np.testing.assert_allclose(grouped_matmul_sorted(x, w, sizes), ref, rtol=1e-5, atol=1e-4)
 
 
