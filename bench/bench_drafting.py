@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results_io import write_json, write_text  # noqa: E402
+from results_io import resume, write_json, write_text  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -164,12 +164,10 @@ def main():
     out = Path(args.out or Path(__file__).parent / "results"
                / f"drafting_{device.replace(' ', '_').lower()}_{date}")
     command = " ".join(sys.argv)
-    result = {"model": args.model, "draft": args.draft, "backend": jax.default_backend(),
-              "device": device, "date": date, "command": command, "commands": [command],
-              "costs": {}, "rows": []}
-    if args.resume and Path(f"{out}.json").exists():
-        result = json.loads(Path(f"{out}.json").read_text())
-        result["commands"] = result.get("commands", [result["command"]]) + [command]
+    result = resume(f"{out}.json" if args.resume else None, command,
+                    {"model": args.model, "draft": args.draft, "backend": jax.default_backend(),
+                     "device": device, "date": date, "costs": {}, "rows": []})
+    if len(result["commands"]) > 1:
         print(f"resuming {out}.json: {len(result['rows'])} rows kept", flush=True)
     buckets = tuple(b for b in sorted(args.buckets) if b <= max(args.budgets))
     for name in args.benchmarks:

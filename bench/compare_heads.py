@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_acceptance import BENCHMARKS  # noqa: E402
-from results_io import write_json, write_text  # noqa: E402
+from results_io import resume, write_json, write_text  # noqa: E402
 from timing import sample_seconds  # noqa: E402
 from jetspec_jax import api, draft_head  # noqa: E402
 from jetspec_jax import target as target_model  # noqa: E402
@@ -395,15 +395,12 @@ def main():
                                                 else path, target))
     log(f"loaded target {args.model} and heads {', '.join(heads)}", t0)
 
-    result = json.loads(out.read_text()) if out.exists() else {}
-    if "command" in result and "commands" not in result:  # written before commands were kept
-        result["commands"] = [result["command"]]
+    result = resume(out, command, {})
     result.update(model=args.model, backend=jax.default_backend(),
                   device=jax.devices()[0].device_kind,
                   machine=f"{platform.machine()}, {os.cpu_count()} logical CPUs",
                   date=time.strftime("%Y-%m-%d"), command=command, args=vars(args),
                   head_paths={**result.get("head_paths", {}), **paths})
-    result.setdefault("commands", []).append(command)
     result.setdefault("cells", {})
     result.setdefault("ar", {})
     result.setdefault("notes", [])

@@ -1,11 +1,25 @@
 """How the benches write their result files: whole or not at all (`jetspec_jax.files`: a
 temporary file in the same folder, then an atomic rename), so a run cut by a time limit never
-leaves half a JSON. Importing it does not import jax."""
+leaves half a JSON; and `resume`, which the benches with --resume share. Importing it does not
+import jax."""
 
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # uninstalled on the GPU machine
 from jetspec_jax.files import write_atomic, write_json, write_text  # noqa: E402
 
-__all__ = ["write_atomic", "write_json", "write_text"]
+__all__ = ["resume", "write_atomic", "write_json", "write_text"]
+
+
+def resume(path, command: str, fresh: dict) -> dict:
+    """The results to extend: those in the file at `path` (None, or no file: `fresh`), with
+    `command` appended to their "commands" (a file from before they were kept counts its
+    "command")."""
+    if path is None or not Path(path).is_file():
+        return {**fresh, "command": command, "commands": [command]}
+    result = json.loads(Path(path).read_text())
+    earlier = result.get("commands") or ([result["command"]] if "command" in result else [])
+    result["commands"] = earlier + [command]
+    return result

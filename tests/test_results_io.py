@@ -27,3 +27,15 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
         results_io.write_json(path, {"rows": [object()]})  # not JSON: fails before the rename
     assert json.loads(path.read_text()) == {"rows": [1]}
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+
+
+def test_resume_appends_the_command_or_starts_fresh(tmp_path):
+    path = tmp_path / "r.json"
+    fresh = results_io.resume(path, "run 1", {"rows": []})
+    assert fresh == {"rows": [], "command": "run 1", "commands": ["run 1"]}
+    assert results_io.resume(None, "run 1", {"rows": []}) == fresh
+    results_io.write_json(path, {"command": "run 0", "rows": [1]})  # before commands were kept
+    assert results_io.resume(path, "run 1", {})["commands"] == ["run 0", "run 1"]
+    results_io.write_json(path, {"command": "run 1", "commands": ["run 0", "run 1"], "rows": [1]})
+    resumed = results_io.resume(path, "run 2", {"rows": []})
+    assert resumed["rows"] == [1] and resumed["commands"] == ["run 0", "run 1", "run 2"]
