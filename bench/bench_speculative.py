@@ -149,7 +149,12 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool, deadli
     """One AR step and one whole speculative round per budget, each timed inside a compiled
     loop (as `spec_generate` and `ar_generate` run them); with phases, also the round's parts,
     each in its own compiled loop. Yields one row per budget; budgets past the deadline
-    (perf_counter) are skipped."""
+    (perf_counter) are skipped, and so is the whole batch (its AR loop too) when it starts
+    past it."""
+    tag = f"{tcfg.name}_b{batch}_s{context}"
+    if time.perf_counter() > deadline:
+        print(f"time budget spent: skipping {tag}", flush=True)
+        return
     num_slots = context + 1024
     prompt = jax.random.randint(jax.random.key(2), (batch, context), 0, tcfg.vocab_size,
                                 jnp.int32)
@@ -168,7 +173,6 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool, deadli
 
     ar, ar_compile = compiled(ar_steps, tp, state.cache, state.anchor, 1)
     t_ar = per_iteration(ar, tp, state.cache, state.anchor)
-    tag = f"{tcfg.name}_b{batch}_s{context}"
     if phases:
         inspect(ar, (tp, state.cache, state.anchor), f"ar_{tag}", profile_dir, hlo_dir)
     for budget in budgets:
