@@ -437,7 +437,6 @@ def main():
         results["elapsed_s"] = round(time.perf_counter() - start, 1)
         if out_path:
             try:
-                Path(out_path).parent.mkdir(parents=True, exist_ok=True)
                 write_json(out_path, results)
             except Exception as e:  # noqa: BLE001
                 log(f"could not write {out_path}: {e}")

@@ -330,7 +330,6 @@ def main():
     def save():
         results["elapsed_s"] = round(time.perf_counter() - start, 1)
         if out_path:
-            Path(out_path).parent.mkdir(parents=True, exist_ok=True)
             write_json(out_path, results)
 
     ba.start_watchdog(results, save, args.hang_s, report=print_table)
