@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import write_json  # noqa: E402
+from results_io import command_line, write_json  # noqa: E402
 
 import jax  # noqa: E402
 
@@ -90,7 +90,7 @@ def main():
     draft = api.load_draft(args.draft, target)
     result = {"model": args.model, "draft": args.draft, "backend": jax.default_backend(),
               "device": str(jax.devices()[0].device_kind), "date": time.strftime("%Y-%m-%d"),
-              "command": " ".join(sys.argv), "rows": []}
+              "command": command_line(), "rows": []}
     for name in args.benchmarks:
         prompts = BENCHMARKS[name]()
         prompts = prompts[: args.per_benchmark] if args.per_benchmark else prompts

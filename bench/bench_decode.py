@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import write_json  # noqa: E402
+from results_io import command_line, write_json  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
 MODELS = ("smollm2-135m", "qwen3-8b", "qwen3-30b-a3b")
@@ -267,7 +267,7 @@ def main():
         return report(args.files[0], args.files[1] if len(args.files) > 1 else None)
     result = bench_jax(args) if args.stage == "jax" else bench_hf(args)
     result.update(device=_device_name(args.stage), date=time.strftime("%Y-%m-%d"),
-                  command=" ".join(sys.argv), host=platform.node())
+                  command=command_line(), host=platform.node())
     if args.out:
         write_json(args.out, result)
 

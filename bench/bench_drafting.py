@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results_io import resume, write_json, write_text  # noqa: E402
+from results_io import command_line, resume, write_json, write_text  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -163,7 +163,7 @@ def main():
     date = time.strftime("%Y-%m-%d")
     out = Path(args.out or Path(__file__).parent / "results"
                / f"drafting_{device.replace(' ', '_').lower()}_{date}")
-    command = " ".join(sys.argv)
+    command = command_line()
     result = resume(f"{out}.json" if args.resume else None, command,
                     {"model": args.model, "draft": args.draft, "backend": jax.default_backend(),
                      "device": device, "date": date, "costs": {}, "rows": []})

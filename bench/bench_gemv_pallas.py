@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import write_json  # noqa: E402
+from results_io import command_line, write_json  # noqa: E402
 from timing import chained_matmuls, median_seconds  # noqa: E402
 
 PEAK_TBPS = 4.25
@@ -365,7 +365,7 @@ def main():
     sweep(rest, time.perf_counter() + args.budget_s - swept_s - 10)
     device = str(jax.devices()[0].device_kind)
     result = {"rows": rows, "decode": decode, "device": device,
-              "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+              "date": time.strftime("%Y-%m-%d"), "command": command_line(),
               "host": platform.node(), "peak_TBps": PEAK_TBPS,
               "wall_s": time.perf_counter() - start}
     if args.out:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import write_json  # noqa: E402
+from results_io import command_line, write_json  # noqa: E402
 from timing import chained_matmuls, median_seconds  # noqa: E402
 
 TOP_K = 8
@@ -156,7 +156,7 @@ def main():
         for name, (e, k, n) in shapes.items():
             bench(name, e, k, n, p, args, rows)
     result = {"rows": rows, "device": str(jax.devices()[0].device_kind),
-              "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+              "date": time.strftime("%Y-%m-%d"), "command": command_line(),
               "host": platform.node(), "wall_s": time.perf_counter() - start}
     if args.out:
         write_json(args.out, result)

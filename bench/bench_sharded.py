@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import write_json  # noqa: E402
+from results_io import command_line, write_json  # noqa: E402
 import trace_summary  # noqa: E402
 from jetspec_jax import config, draft_head, params as P, sharding  # noqa: E402
 from jetspec_jax.cache import KVCache  # noqa: E402
@@ -283,7 +283,7 @@ def main():
     meshes = {"mesh": sharding.make_mesh(spec), "one": sharding.make_mesh("1")}
     deadline = time.perf_counter() + args.time_budget_s
     result = {"device": jax.devices()[0].device_kind, "devices": jax.device_count(),
-              "mesh": spec, "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+              "mesh": spec, "date": time.strftime("%Y-%m-%d"), "command": command_line(),
               "args": {**vars(args), "dtype": args.dtype.name}, "compile_s": {}, "rows": []}
     for model in args.model:
         cfg = config.preset(model)

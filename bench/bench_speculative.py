@@ -33,7 +33,7 @@ from jetspec_jax.sampling import Sampler  # noqa: E402
 from jetspec_jax.speculative import TreeSpec, init_state, spec_generate, speculative_round  # noqa: E402
 from jetspec_jax.tree import build_trees, topk_from_logits  # noqa: E402
 from jetspec_jax.verify import accept, commit, verify_tree  # noqa: E402
-from results_io import resume, write_json  # noqa: E402
+from results_io import command_line, resume, write_json  # noqa: E402
 from timing import median_seconds  # noqa: E402
 import trace_summary  # noqa: E402
 
@@ -223,7 +223,7 @@ def main():
                          "(model, context, batch, budget) configurations")
     args = ap.parse_args()
     deadline = time.perf_counter() + args.time_budget_s
-    result = resume(args.out if args.resume else None, " ".join(sys.argv),
+    result = resume(args.out if args.resume else None, command_line(),
                     {"device": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
                      "checks": [], "rows": []})
     done = {(r["model"], r["context"], r["batch"], r["budget"]) for r in result["rows"]}

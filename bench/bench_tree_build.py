@@ -32,7 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jetspec_jax import tree  # noqa: E402
-from results_io import write_json  # noqa: E402
+from results_io import command_line, write_json  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
 
@@ -126,7 +126,7 @@ def main():
         write_json(args.out, dict(
             device=f"{device.platform}: {device.device_kind}",
             date=datetime.date.today().isoformat(),
-            command=" ".join(["python", "bench/bench_tree_build.py"] + sys.argv[1:]),
+            command=command_line(),
             inner=args.inner, repeats=args.repeats, rows=rows))
 
 

@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_acceptance import BENCHMARKS  # noqa: E402
-from results_io import resume, write_json, write_text  # noqa: E402
+from results_io import command_line, resume, write_json, write_text  # noqa: E402
 from timing import sample_seconds  # noqa: E402
 from jetspec_jax import api, draft_head  # noqa: E402
 from jetspec_jax import target as target_model  # noqa: E402
@@ -377,7 +377,7 @@ def main():
     t0 = time.perf_counter()
     out = Path(args.out)
     md = Path(args.md) if args.md else out.with_suffix(".md")
-    command = "python bench/compare_heads.py " + " ".join(sys.argv[1:])
+    command = command_line()
 
     api.exact_float32("float32")
     target = api.load_target(args.model, dtype="float32", progress=False)

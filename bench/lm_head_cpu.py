@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import write_json  # noqa: E402
+from results_io import command_line, write_json  # noqa: E402
 
 from jetspec_jax.convert import load_target  # noqa: E402
 
@@ -51,7 +51,7 @@ def main():
             rows.append({"rows": n, "form": name, "ms": statistics.median(times) * 1e3})
             print(f"{n} rows, {name}: {rows[-1]['ms']:.2f} ms", flush=True)
     result = {"backend": jax.default_backend(), "machine": platform.machine(),
-              "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+              "date": time.strftime("%Y-%m-%d"), "command": command_line(),
               "embed_shape": list(embed.shape), "rows": rows}
     if args.out:
         write_json(args.out, result)

@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import write_json  # noqa: E402
+from results_io import command_line, write_json  # noqa: E402
 
 import bench_sharded  # noqa: E402
 from jetspec_jax import config, draft_head, params as P, sharding, target  # noqa: E402
@@ -62,7 +62,7 @@ def main():
     gap = tops[..., 0] - tops[..., 1]
     rel = gap / np.abs(tops[..., 0])
     result = {"backend": jax.default_backend(), "date": time.strftime("%Y-%m-%d"),
-              "command": " ".join(sys.argv), "tokens": int(gap.size),
+              "command": command_line(), "tokens": int(gap.size),
               "median_abs_top1": float(np.median(np.abs(tops[..., 0]))),
               "min_gap": float(gap.min()), "median_gap": float(np.median(gap)),
               "smallest_relative_gaps": np.sort(rel.ravel())[:5].tolist()}

@@ -4,13 +4,27 @@ leaves half a JSON; and `resume`, which the benches with --resume share. Importi
 import jax."""
 
 import json
+import os
+import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # uninstalled on the GPU machine
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # uninstalled on the GPU machine
 from jetspec_jax.files import write_atomic, write_json, write_text  # noqa: E402
 
-__all__ = ["resume", "write_atomic", "write_json", "write_text"]
+__all__ = ["command_line", "resume", "write_atomic", "write_json", "write_text"]
+
+
+def command_line() -> str:
+    """This run's command as typed from the repository root, led by the XLA_FLAGS it ran
+    under: they change the compiled programs, so a timing without them is not reproducible."""
+    script = Path(sys.argv[0]).resolve()
+    if script.is_relative_to(ROOT):
+        script = script.relative_to(ROOT)
+    flags = os.environ.get("XLA_FLAGS")
+    words = ["python", str(script), *sys.argv[1:]]
+    return (f"XLA_FLAGS={shlex.quote(flags)} " if flags else "") + shlex.join(words)
 
 
 def resume(path, command: str, fresh: dict) -> dict:

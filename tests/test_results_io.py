@@ -39,3 +39,17 @@ def test_resume_appends_the_command_or_starts_fresh(tmp_path):
     results_io.write_json(path, {"command": "run 1", "commands": ["run 0", "run 1"], "rows": [1]})
     resumed = results_io.resume(path, "run 2", {"rows": []})
     assert resumed["rows"] == [1] and resumed["commands"] == ["run 0", "run 1", "run 2"]
+
+
+@pytest.mark.parametrize("flags", [None, "--xla_gpu_autotune_level=0 --xla_dump_to=/tmp/a b"])
+def test_command_line_is_relative_and_keeps_xla_flags(monkeypatch, flags):
+    script = Path(results_io.ROOT) / "bench" / "bench_decode.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "jax", "--out", "x y.json"])
+    if flags is None:
+        monkeypatch.delenv("XLA_FLAGS", raising=False)
+    else:
+        monkeypatch.setenv("XLA_FLAGS", flags)
+    line = results_io.command_line()
+    want = "python bench/bench_decode.py jax --out 'x y.json'"
+    assert line == (want if flags is None else
+                    "XLA_FLAGS='--xla_gpu_autotune_level=0 --xla_dump_to=/tmp/a b' " + want)
