@@ -8,7 +8,7 @@ for the timed model; every speedup in the table is a projection, and the table s
 
   python bench/project_speedup.py \
       --rounds bench/results/speculative_round_sorted_tree_h200_2026-11-30.json \
-      --heads bench/results/heads_h200_2026-11-29.json bench/results/heads_cpu_2026-11-29.json
+      --heads bench/results/heads_h200_2026-11-30.json bench/results/heads_cpu_2026-11-29.json
 """
 
 from __future__ import annotations
@@ -73,8 +73,9 @@ def main(argv=None) -> None:
     for path in [*args.rounds, *args.heads]:
         if not path.is_file():
             raise SystemExit(f"project_speedup: no result file at {path}")
-    rounds = [r for p in args.rounds for r in json.loads(p.read_text())["rows"]
-              if not args.batches or r["batch"] in args.batches]
+    rounds = sorted((r for p in args.rounds for r in json.loads(p.read_text())["rows"]
+                     if not args.batches or r["batch"] in args.batches),
+                    key=lambda r: (r["model"], r["context"], r["batch"], r["budget"]))
     taus = measured_tau([json.loads(p.read_text()) for p in args.heads])
     heads = sorted({h for h, _ in taus})
     print(table(rounds, taus, heads))

@@ -14,7 +14,7 @@ import project_speedup  # noqa: E402
 
 def test_projection_table(tmp_path: Path, capsys) -> None:
     rounds = {"rows": [dict(model="m", batch=1, context=64, budget=b, round_over_ar=r)
-                       for b, r in ((16, 1.25), (256, 2.0))] +
+                       for b, r in ((256, 2.0), (16, 1.25))] +  # out of order
                       [dict(model="m", batch=8, context=64, budget=16, round_over_ar=4.0)]}
     cell = lambda head, budget, hist: dict(head=head, budget=budget, tau_hist=hist)  # noqa: E731
     heads = {"device": "gpu", "date": "d", "cells": {
@@ -34,5 +34,6 @@ def test_projection_table(tmp_path: Path, capsys) -> None:
     assert "| m | 1 | 64 | 16 | 1.25 | 1.25 / 3.75 | - | 2.25 -> 1.80x | - | - |" in out
     assert "| m | 1 | 64 | 256 | 2.00 | 2.00 / 6.00 | 4.00 -> 2.00x | - | 5.38x | 2.97x |" in out
     assert "| m | 8 |" not in out
+    assert out.index("| m | 1 | 64 | 16 |") < out.index("| m | 1 | 64 | 256 |")  # sorted
     with pytest.raises(SystemExit, match="no result file"):
         project_speedup.main(["--rounds", str(tmp_path / "absent.json")])
