@@ -1,7 +1,7 @@
 """Plot bench/compare_heads.py results: tau and speedup over autoregressive decoding vs tree budget.
 
   python bench/plot_heads.py bench/results/heads_cpu_2026-11-29.json \
-      bench/results/heads_cpu_t1_2026-11-29.json bench/results/heads_h200_2026-11-29.json \
+      bench/results/heads_cpu_t1_2026-11-29.json bench/results/heads_h200_2026-11-30.json \
       --labels "CPU greedy" "CPU T=1" "H200 greedy" --out docs/img/heads_tau_speedup.png
 
 Left: tau (tokens committed per round) pooled over benchmarks; right: wall-clock speedup over AR.
