@@ -47,3 +47,17 @@ def test_bench_moe_verify_tiny(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     checked = [r for r in rows if r["impl"] == "pallas"]
     assert checked and all(r["rel_err"] < 1e-5 for r in checked)
+
+
+def test_compile_probe_compiles_each_setting_in_its_own_process(tmp_path):
+    out = tmp_path / "probe.json"
+    run_script("bench/compile_probe.py", "--model", "tiny-dense", "--batch", "2",
+               "--prompt-len", "8", "--budget", "8", "--max-new", "4",
+               "--settings", "default", "no_triton_gemm", "--out", str(out))
+    result = json.loads(out.read_text())
+    assert [r["setting"] for r in result["rows"]] == ["default", "no_triton_gemm"]
+    for row in result["rows"]:
+        assert "error" not in row, row
+        for program in ("spec_b8", "ar"):
+            assert row[program]["compile_s"] > 0 and row[program]["stablehlo_lines"] > 100
+    assert result["rows"][1]["xla_flags"] == "--xla_gpu_enable_triton_gemm=false"

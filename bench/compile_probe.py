@@ -1,0 +1,145 @@
+"""Where the compile time of one decoding program goes: the same speculative (and autoregressive)
+program compiled from scratch under several settings, each in a fresh process (XLA reads its
+flags once), with the persistent compilation cache off.
+
+On the H200 one SmolLM2 evaluation program (compare_heads: float32, batch 192) took 45-147 s to
+compile, against ~3 s on the CPU, and `--xla_gpu_autotune_level=0` did not shorten it. This
+script names the part of the GPU compile that costs: our Pallas kernels (attn "reference"
+removes them), XLA's Triton gemms, autotuning, command buffers.
+
+  python bench/compile_probe.py --out $OUT/compile_probe.json            # on the GPU
+  python bench/compile_probe.py --model tiny-dense --settings default attn_reference
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_io import command_line, write_json  # noqa: E402
+
+# name -> (XLA_FLAGS, attn_impl)
+SETTINGS = {
+    "default": ("", "auto"),
+    "attn_reference": ("", "reference"),
+    "no_triton_gemm": ("--xla_gpu_enable_triton_gemm=false", "auto"),
+    "autotune_0": ("--xla_gpu_autotune_level=0", "auto"),
+    "no_command_buffer": ("--xla_gpu_enable_command_buffer=", "auto"),
+    "all_off": ("--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0 "
+                "--xla_gpu_enable_command_buffer=", "reference"),
+}
+
+
+def child(args) -> dict:
+    """Builds random float32 weights of the preset and a 2-layer head (the shipped head's shape),
+    then lowers and compiles `spec_generate` and `ar_generate` once each."""
+    import jax
+    import jax.numpy as jnp
+
+    from jetspec_jax import api, config, draft_head, params as P
+    from jetspec_jax.decode import ar_generate
+    from jetspec_jax.sampling import Sampler
+    from jetspec_jax.speculative import TreeSpec, spec_generate
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    jax.config.update("jax_default_matmul_precision", "highest")  # as compare_heads runs
+    tcfg = config.preset(args.model)
+    tp = jax.jit(lambda k: P.init_params(P.target_specs(tcfg), k, jnp.float32))(
+        jax.random.key(0))
+    dcfg = draft_head.draft_config_for(tcfg, num_layers=2, block_size=16, num_taps=3)
+    dp = jax.jit(lambda k: P.init_params(draft_head.draft_specs(dcfg), k, jnp.float32))(
+        jax.random.key(1))
+    prompt = jnp.zeros((args.batch, args.prompt_len), jnp.int32)
+    lens = jnp.full((args.batch,), args.prompt_len, jnp.int32)
+    common = dict(max_new=args.max_new, sampler=Sampler(), stop_ids=(), cache_dtype=jnp.float32,
+                  num_slots=args.prompt_len + args.max_new + args.budget + 32,
+                  attn_impl=api.resolve_attn_impl(args.attn_impl))  # "auto": the CPU's
+    programs = {
+        f"spec_b{args.budget}": lambda: spec_generate.lower(
+            tp, dp, prompt, lens, jax.random.key(2), tcfg=tcfg, dcfg=dcfg,
+            tree_spec=TreeSpec(args.budget, 7), **common),
+        "ar": lambda: ar_generate.lower(tp, prompt, lens, jax.random.key(2), cfg=tcfg, **common),
+    }
+    out = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind}
+    for name, lower in programs.items():
+        t0 = time.perf_counter()
+        lowered = lower()
+        t1 = time.perf_counter()
+        lowered.compile()
+        t2 = time.perf_counter()
+        out[name] = {"lower_s": round(t1 - t0, 2), "compile_s": round(t2 - t1, 2),
+                     "stablehlo_lines": lowered.as_text().count("\n")}
+    return out
+
+
+def run_setting(name: str, args) -> dict:
+    flags, attn = SETTINGS[name]
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip())
+    cmd = [sys.executable, __file__, "--child", "--attn-impl", attn, "--model", args.model,
+           "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
+           "--budget", str(args.budget), "--max-new", str(args.max_new)]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=args.timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"setting": name, "error": f"over {args.timeout_s} s"}
+    row = {"setting": name, "xla_flags": flags, "attn_impl": attn,
+           "process_s": round(time.perf_counter() - t0, 1)}
+    lines = proc.stdout.strip().splitlines()
+    try:
+        row.update(json.loads(lines[-1]))
+    except (IndexError, json.JSONDecodeError):
+        row["error"] = (proc.stderr or proc.stdout)[-600:]
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    programs = sorted({k for r in rows for k, v in r.items() if isinstance(v, dict)})
+    lines = ["| setting | XLA_FLAGS | attn | " + " | ".join(
+        f"{p} compile s (lower s)" for p in programs) + " |",
+        "|---|---|---|" + "---|" * len(programs)]
+    for r in rows:
+        cells = [f"{r[p]['compile_s']:.1f} ({r[p]['lower_s']:.1f})" if p in r else
+                 r.get("error", "-")[:60].replace("\n", " ") for p in programs]
+        lines.append(f"| {r['setting']} | `{r.get('xla_flags') or '-'}` | "
+                     f"{r.get('attn_impl', '-')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="config preset (random weights)")
+    ap.add_argument("--batch", type=int, default=192)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--budget", type=int, default=64)
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="per setting")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--attn-impl", default="auto", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)), flush=True)
+        return
+    result = {"command": command_line(), "date": time.strftime("%Y-%m-%d"),
+              "args": vars(args), "rows": []}
+    for name in args.settings:
+        result["rows"].append(run_setting(name, args))
+        print(json.dumps(result["rows"][-1]), flush=True)
+        if args.out:
+            write_json(args.out, result)
+    print(table(result["rows"]))
+
+
+if __name__ == "__main__":
+    main()
