@@ -251,7 +251,8 @@ def markdown(result: dict) -> str:
     lines += ["## Acceptance per benchmark", "",
               "| benchmark | head | budget | tau | hist of committed lengths | = AR | s | "
               "compile s |", "|---|---|---|---|---|---|---|---|"]
-    for key in sorted(cells, key=lambda k: (a["benchmarks"].index(cells[k]["benchmark"]),
+    # Cells of earlier invocations may hold benchmarks this one did not ask for.
+    for key in sorted(cells, key=lambda k: (list(BENCHMARKS).index(cells[k]["benchmark"]),
                                             list(HEADS).index(cells[k]["head"]),
                                             cells[k]["budget"])):
         c = cells[key]
@@ -290,6 +291,7 @@ def markdown(result: dict) -> str:
         p["benches"].add(c["benchmark"])
     if pooled:
         budgets = sorted({b for _, b in pooled})
+        benches_run = {c["benchmark"] for c in cells.values()}
         lines += ["", "## tau pooled over benchmarks (all rounds of all prompts)", "",
                   "| head | " + " | ".join(f"budget {b}" for b in budgets) + " | = AR |",
                   "|---|" + "---|" * (len(budgets) + 1)]
@@ -304,7 +306,7 @@ def markdown(result: dict) -> str:
                     row.append("-")
                     continue
                 row.append(f"{p['tok'] / max(p['rounds'], 1):.2f}"
-                           + ("" if len(p["benches"]) == len(a["benchmarks"]) else
+                           + ("" if len(p["benches"]) == len(benches_run) else
                               f" ({len(p['benches'])} benchmarks)"))
                 same, n = same + p["same"], n + p["n"]
             lines.append(f"| {h} | " + " | ".join(row)

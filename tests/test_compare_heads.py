@@ -1,0 +1,30 @@
+"""bench/compare_heads.py's report of a result file that several invocations extended."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import compare_heads  # noqa: E402
+
+
+def cell(bench: str, head: str, hist: list[int]) -> dict:
+    return dict(benchmark=bench, head=head, budget=16, tau=0.0, tau_hist=hist, identical=2,
+                num_prompts=2, seconds=1.0, compile_s=2.0)
+
+
+def test_markdown_keeps_cells_of_benchmarks_a_later_run_did_not_ask_for():
+    args = dict(temperature=0.0, width=7, max_new_tokens=8, per_benchmark=0, one_batch=False,
+                benchmarks=["mtbench"])  # the last invocation's; humaneval came before
+    result = dict(args=args, backend="cpu", machine="x", date="d", model="m",
+                  command="second", commands=["first", "second"], head_paths={"jetspec": "p"}, cells={
+                      "mtbench/jetspec/16": cell("mtbench", "jetspec", [0, 2, 2]),
+                      "humaneval/jetspec/16": cell("humaneval", "jetspec", [0, 0, 2])})
+    text = compare_heads.markdown(result)
+    rows = [line for line in text.splitlines() if line.startswith("| humaneval")
+            or line.startswith("| mtbench")]
+    assert [r.split(" | ")[0] for r in rows] == ["| humaneval", "| mtbench"]  # BENCHMARKS order
+    # Pooled over both benchmarks' rounds: (1*2 + 2*2 + 2*2) tokens / 6 rounds
+    assert "| jetspec | 1.67 | 4/4 |" in text
+    assert "commands (in order; each resumed the last): `first`, `second`" in text
