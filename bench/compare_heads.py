@@ -101,6 +101,22 @@ def run_eagle_head(target, ecfg, eparams, prompts, budget, width, max_new, tempe
     return api._decoded(target, out)[1], accepted, seconds, compile_s
 
 
+def in_batches(run, prompts: list[str], max_batch: int):
+    """run(prompts), over consecutive sub-batches of at most max_batch prompts (0: one batch),
+    which bound memory: the float32 attention scores of a whole benchmark's prefill need not
+    fit. The parts are merged: lists concatenated in order, numbers (seconds) summed."""
+    if not max_batch or len(prompts) <= max_batch:
+        return run(prompts)
+    parts = [run(prompts[i:i + max_batch]) for i in range(0, len(prompts), max_batch)]
+
+    def merge(values):
+        return (sum(values, []) if isinstance(values[0], list) else sum(values))
+
+    if isinstance(parts[0], dict):
+        return {k: merge([p[k] for p in parts]) for k in parts[0]}
+    return tuple(merge(list(vs)) for vs in zip(*parts))
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -238,6 +254,8 @@ def markdown(result: dict) -> str:
              f"tree accum_logp, {a['max_new_tokens']} new tokens, "
              + (f"the first {a['per_benchmark']}" if a["per_benchmark"] else "all")
              + " prompts of each benchmark decoded as one ragged batch"
+             + (f" (in sub-batches of at most {a['max_batch']}, seconds summed)"
+                if a.get("max_batch") else "")
              + (" (all benchmarks together)" if a.get("one_batch") else ""),
              "- heads: " + "; ".join(f"{n} = `{p}`" for n, p in result["head_paths"].items()),
              "- tau: tokens committed per round (accepted drafts + 1) over all rounds of the "
@@ -366,6 +384,9 @@ def main():
                     help="decode all benchmarks' prompts as one ragged batch (one compile per "
                     "head and budget; tau is still reported per benchmark)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-batch", type=int, default=0,
+                    help="decode each batch in sub-batches of at most this many prompts (0: "
+                         "whole), to bound memory")
     ap.add_argument("--width", type=int, default=7)
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="> 0: sample (tau under sampling; no AR comparison, no AR run)")
@@ -429,7 +450,8 @@ def main():
         ar = None if args.temperature > 0 else result["ar"].get(group)
         if args.temperature == 0 and (ar is None or len(ar["tokens"]) != len(prompts)
                                       or ar.get("max_new") != args.max_new_tokens):
-            ar = run_autoregressive(target, prompts, args.max_new_tokens)
+            ar = in_batches(lambda ps: run_autoregressive(target, ps, args.max_new_tokens),
+                            prompts, args.max_batch)
             ar["max_new"] = args.max_new_tokens
             result["ar"][group] = ar
             save()
@@ -446,13 +468,15 @@ def main():
                     if b != budget:
                         result["notes"].append(f"{group}/{name}/{budget}: EAGLE budget cut to "
                                                f"{b} (all candidates at depth {ecfg.depth})")
-                    tokens, accepted, seconds, compile_s = run_eagle_head(
-                        target, ecfg, eparams, prompts, b, args.width, args.max_new_tokens,
-                        args.temperature)
+                    tokens, accepted, seconds, compile_s = in_batches(
+                        lambda ps: run_eagle_head(target, ecfg, eparams, ps, b, args.width,
+                                                  args.max_new_tokens, args.temperature),
+                        prompts, args.max_batch)
                 else:
-                    tokens, accepted, seconds, compile_s = run_block_head(
-                        target, head, prompts, budget, args.width, args.max_new_tokens,
-                        args.temperature)
+                    tokens, accepted, seconds, compile_s = in_batches(
+                        lambda ps: run_block_head(target, head, ps, budget, args.width,
+                                                  args.max_new_tokens, args.temperature),
+                        prompts, args.max_batch)
                 result.setdefault("runs", {})[f"{group}/{name}/{budget}"] = dict(
                     batch=group, head=name, budget=budget, batch_size=len(prompts),
                     tokens=sum(map(len, tokens)), seconds=seconds, compile_s=compile_s,

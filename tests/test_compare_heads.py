@@ -28,3 +28,23 @@ def test_markdown_keeps_cells_of_benchmarks_a_later_run_did_not_ask_for():
     # Pooled over both benchmarks' rounds: (1*2 + 2*2 + 2*2) tokens / 6 rounds
     assert "| jetspec | 1.67 | 4/4 |" in text
     assert "commands (in order; each resumed the last): `first`, `second`" in text
+
+
+def test_in_batches_splits_in_order_and_merges():
+    calls = []
+
+    def run(prompts):  # stands in for run_autoregressive: a dict of lists and seconds
+        calls.append(list(prompts))
+        return {"tokens": [[len(p)] for p in prompts], "prompt_lens": [len(p) for p in prompts],
+                "seconds": 1.5, "compile_s": 0.5}
+
+    prompts = ["a", "bb", "ccc", "dddd", "eeeee"]
+    merged = compare_heads.in_batches(run, prompts, 2)
+    assert calls == [["a", "bb"], ["ccc", "dddd"], ["eeeee"]]
+    assert merged == {"tokens": [[1], [2], [3], [4], [5]], "prompt_lens": [1, 2, 3, 4, 5],
+                      "seconds": 4.5, "compile_s": 1.5}
+    as_tuple = compare_heads.in_batches(lambda ps: ([[0]] * len(ps), [[1]] * len(ps), 2.0, 1.0),
+                                        prompts, 4)
+    assert as_tuple == ([[0]] * 5, [[1]] * 5, 4.0, 2.0)
+    calls.clear()
+    assert compare_heads.in_batches(run, prompts, 0)["seconds"] == 1.5 and len(calls) == 1
