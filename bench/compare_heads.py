@@ -103,8 +103,9 @@ def run_eagle_head(target, ecfg, eparams, prompts, budget, width, max_new, tempe
 
 def in_batches(run, prompts: list[str], max_batch: int):
     """run(prompts), over consecutive sub-batches of at most max_batch prompts (0: one batch),
-    which bound memory: the float32 attention scores of a whole benchmark's prefill need not
-    fit. The parts are merged: lists concatenated in order, numbers (seconds) summed."""
+    which bound memory: a whole benchmark as one batch need not fit (the 311 MATH500 prompts
+    did not, on a 24 GB CPU). The parts are merged: lists concatenated in order, numbers
+    (seconds) summed."""
     if not max_batch or len(prompts) <= max_batch:
         return run(prompts)
     parts = [run(prompts[i:i + max_batch]) for i in range(0, len(prompts), max_batch)]

@@ -2,11 +2,14 @@
 mode on CPU, the compiled kernel on a GPU) against the unfused sequence of the model:
 layers.rms_norm, layers.rope, cache.write_slots and the reference cache attention (T = 1).
 
-Standalone, the caches must come out bit for bit as the unfused write leaves them: stricter
-than losslessness needs (a last-bit difference is harmless, the attention kernels already sum
-in their own orders), but it pins the norm and RoPE math to the model's op for op. Both sides
-run under jit, as in the model: XLA folds constants (RoPE's inverse frequencies) and contracts
-a*b - c*d into FMAs inside fusions, so op-by-op (eager) results can differ in the last bit.
+Standalone in interpret mode, the caches must come out bit for bit as the unfused write
+leaves them: stricter than losslessness needs (a last-bit difference is harmless, the
+attention kernels already sum in their own orders), but it pins the norm and RoPE math to the
+model's op for op. Both sides run under jit, as in the model: XLA folds constants (RoPE's
+inverse frequencies) and contracts a*b - c*d into FMAs inside fusions, so op-by-op (eager)
+results can differ in the last bit. Compiled on a GPU, the new key differed from XLA's own
+norm + RoPE fusion in its last bits (seen on the H200), so there it may be off by an ulp;
+every other slot must still be bitwise-equal.
 
 Interpret mode costs ~1-3 s per shape, so the grid is curated: batch 1 / 2 / 3 with ragged
 write_start incl. 0 and S - 1, GQA ratio 1 / 3 / 4 / 8, head dim 64 / 128 (and 80: padded
@@ -34,7 +37,7 @@ TOL = {jnp.dtype(jnp.float32): dict(atol=1e-5, rtol=1e-5),
 KEY_TOL = {jnp.dtype(jnp.float32): dict(atol=1e-6, rtol=2e-7),
            jnp.dtype(jnp.bfloat16): dict(atol=2 ** -6, rtol=2 ** -8)}
 EPS = 1e-6
-# On a GPU the same tests check the compiled kernel against XLA's unfused path bit for bit.
+# On a GPU the same tests check the compiled kernel against XLA's unfused path.
 INTERPRET = jax.default_backend() != "gpu"
 FUSED = "fused_interpret" if INTERPRET else "fused"  # the model's attn_impl for the kernel
 
