@@ -398,6 +398,8 @@ def main():
     ap.add_argument("--out", default=f"bench/results/heads_cpu_{STAMP}.json")
     ap.add_argument("--md", default=None, help="markdown table (default: --out with .md)")
     args = ap.parse_args()
+    if args.max_batch < 0:
+        ap.error(f"--max-batch must be >= 0 (0: whole batches), got {args.max_batch}")
     t0 = time.perf_counter()
     out = Path(args.out)
     md = Path(args.md) if args.md else out.with_suffix(".md")
