@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jetspec_jax import target
 from jetspec_jax.cache import write_slots
 from jetspec_jax.layers import rms_norm, rope
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
@@ -106,13 +107,6 @@ def fused_step(q, k, v, k_cache, v_cache, write_start, positions, q_norm, k_norm
     cos, sin = rope_cos_sin(positions, q.shape[-1], theta)
     return fused_decode_attention(q, k, v, k_cache, v_cache, write_start, cos, sin, q_norm,
                                   k_norm, eps=EPS, config=config, interpret=INTERPRET)
-
-
-@pytest.fixture(autouse=True)
-def exact_float32_matmuls():
-    """The kernel's float32 dots are exact; XLA's would be TF32 on a GPU without this."""
-    with jax.default_matmul_precision("highest"):
-        yield
 
 
 def poison_from(cache, first, value=jnp.nan):
@@ -214,7 +208,6 @@ def test_model_decode_with_fused_kernel_matches_reference(kind):
     q/k norms even layer 0's new key can differ in the last bit, and later layers carry the
     attention kernel's summation order. Autoregressive decoding gives the reference's
     tokens."""
-    from jetspec_jax import target
     from jetspec_jax.decode import ar_generate, prefill
     from jetspec_jax.sampling import Sampler
     from helpers import random_prompts, tiny_target
@@ -240,3 +233,11 @@ def test_model_decode_with_fused_kernel_matches_reference(kind):
             for impl in impls}
     np.testing.assert_array_equal(np.asarray(outs[FUSED].tokens),
                                   np.asarray(outs["reference"].tokens))
+
+
+@pytest.mark.parametrize("backend,auto_fuses", [("gpu", True), ("cpu", False)])
+def test_auto_runs_fused_kernel_on_gpu_only(monkeypatch, backend, auto_fuses):
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert target.runs_fused("auto") is auto_fuses
+    assert target.runs_fused("fused") and target.runs_fused("fused_interpret")
+    assert not target.runs_fused("reference") and not target.runs_fused("portable")

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 from jetspec_jax.checkpoint import load_target_checkpoint, save_target
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.convert.common import ConversionError, package_file
-from jetspec_jax.convert.gguf import load_gguf
 from jetspec_jax.convert.hf import is_hf_checkpoint, load_hf
 from jetspec_jax.tokenizer import Tokenizer
 
@@ -42,6 +41,8 @@ def read_checkpoint(source: str | Path, *, dtype=jnp.bfloat16, progress: bool = 
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory; expected {_ACCEPTED}")
     if path.suffix == ".gguf":
+        from jetspec_jax.convert.gguf import load_gguf  # gguf is needed for GGUF files only
+
         cfg, params = load_gguf(path, dtype=dtype, name=name, progress=progress)
         return cfg, params, Tokenizer.from_gguf(path)
     if is_hf_checkpoint(path) or (path / "config.json").exists():
