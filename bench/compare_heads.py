@@ -73,10 +73,26 @@ def eagle_candidates(depth: int, width: int) -> int:
 
 # ---- 1. decoding on benchmark prompts ----------------------------------------------------------
 
-def run_autoregressive(target, prompts, max_new):
-    r = api.generate(target, prompts, draft=None, max_new_tokens=max_new)
+def run_autoregressive(target, prompts, max_new, temperature=0.0):
+    r = api.generate(target, prompts, draft=None, max_new_tokens=max_new,
+                     temperature=temperature, seed=0)
     return {"tokens": r.tokens, "seconds": r.seconds, "compile_s": r.compile_s,
             "prompt_lens": r.prompt_lens}
+
+
+def reusable_ar(ar: dict | None, num_prompts: int, max_new: int, temperature: float) -> bool:
+    """Whether a stored AR run (of an earlier invocation) is of this batch and sampler."""
+    return (ar is not None and len(ar["tokens"]) == num_prompts and ar.get("max_new") == max_new
+            and ar.get("temperature", 0.0) == temperature)
+
+
+def speedup(run: dict) -> float | None:
+    """Throughput over AR's on the same batch. Greedy runs emit AR's tokens, so this is AR's
+    seconds over the run's; sampled ones may stop at other lengths, so tokens per second."""
+    if not run.get("ar_seconds"):
+        return None
+    ar_tokens = run.get("ar_tokens", run["tokens"])
+    return (run["tokens"] / run["seconds"]) / (ar_tokens / run["ar_seconds"])
 
 
 def run_block_head(target, draft, prompts, budget, width, max_new, temperature=0.0):
@@ -289,11 +305,12 @@ def markdown(result: dict) -> str:
     runs = result.get("runs", {})
     if runs:
         lines += ["", "## Wall clock: seconds of the compiled run and speedup over AR on the same "
-                  "batch", "", "| batch | head | budget | prompts | s | AR s | speedup |",
+                  "batch (tokens per second; sampled runs may emit other lengths than AR)", "", "| batch | head | budget | prompts | s | AR s | speedup |",
                   "|---|---|---|---|---|---|---|"]
         for r in sorted(runs.values(), key=lambda r: (r["batch"], list(HEADS).index(r["head"]),
                                                       r["budget"])):
-            speed = f"{r['ar_seconds'] / r['seconds']:.2f}x" if r["ar_seconds"] else "n/a"
+            x = speedup(r)
+            speed = "n/a" if x is None else f"{x:.2f}x"
             lines.append(f"| {r['batch']} | {r['head']} | {r['budget']} | {r['batch_size']} | "
                          f"{r['seconds']:.2f} | {r['ar_seconds'] or float('nan'):.2f} | {speed} |")
     # pooled over benchmarks
@@ -450,12 +467,12 @@ def main():
             some = BENCHMARKS[bench]()[: args.per_benchmark or None]  # 0: all
             prompts += some
             owner += [bench] * len(some)
-        ar = None if args.temperature > 0 else result["ar"].get(group)
-        if args.temperature == 0 and (ar is None or len(ar["tokens"]) != len(prompts)
-                                      or ar.get("max_new") != args.max_new_tokens):
-            ar = in_batches(lambda ps: run_autoregressive(target, ps, args.max_new_tokens),
+        ar = result["ar"].get(group)
+        if not reusable_ar(ar, len(prompts), args.max_new_tokens, args.temperature):
+            ar = in_batches(lambda ps: run_autoregressive(target, ps, args.max_new_tokens,
+                                                          args.temperature),
                             prompts, args.max_batch)
-            ar["max_new"] = args.max_new_tokens
+            ar.update(max_new=args.max_new_tokens, temperature=args.temperature)
             result["ar"][group] = ar
             save()
             log(f"{group}: AR {sum(map(len, ar['tokens']))} tokens in {ar['seconds']:.1f} s "
@@ -483,14 +500,15 @@ def main():
                 result.setdefault("runs", {})[f"{group}/{name}/{budget}"] = dict(
                     batch=group, head=name, budget=budget, batch_size=len(prompts),
                     tokens=sum(map(len, tokens)), seconds=seconds, compile_s=compile_s,
-                    ar_seconds=ar and ar["seconds"])
+                    ar_seconds=ar["seconds"], ar_tokens=sum(map(len, ar["tokens"])))
+                same_as = ar["tokens"] if args.temperature == 0 else None  # sampled: no match
                 for bench in benches:
                     mine = [i for i, o in enumerate(owner) if o == bench]
                     cell = benchmark_cell(bench, name, budget, [tokens[i] for i in mine],
                                           [accepted[i] for i in mine],
-                                          ar and [ar["tokens"][i] for i in mine])
+                                          same_as and [same_as[i] for i in mine])
                     cell.update(seconds=seconds, compile_s=compile_s, batch=group,
-                                ar_seconds=ar and ar["seconds"])
+                                ar_seconds=ar["seconds"])
                     key = f"{bench}/{name}/{budget}"
                     if "divergence" in cell:
                         result["notes"].append(

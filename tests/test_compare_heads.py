@@ -48,3 +48,21 @@ def test_in_batches_splits_in_order_and_merges():
     assert as_tuple == ([[0]] * 5, [[1]] * 5, 4.0, 2.0)
     calls.clear()
     assert compare_heads.in_batches(run, prompts, 0)["seconds"] == 1.5 and len(calls) == 1
+
+
+def test_stored_ar_is_reused_only_for_the_same_batch_and_sampler():
+    ar = {"tokens": [[1, 2], [3]], "max_new": 8}  # a greedy run of an older file: no temperature
+    assert compare_heads.reusable_ar(ar, 2, 8, 0.0)
+    assert not compare_heads.reusable_ar(ar, 2, 8, 1.0)  # a sampled run needs its own AR
+    assert not compare_heads.reusable_ar(ar, 3, 8, 0.0)
+    assert not compare_heads.reusable_ar(ar, 2, 16, 0.0)
+    assert not compare_heads.reusable_ar(None, 2, 8, 0.0)
+    assert compare_heads.reusable_ar(dict(ar, temperature=1.0), 2, 8, 1.0)
+
+
+def test_speedup_is_throughput_over_ar():
+    greedy = dict(tokens=100, seconds=2.0, ar_seconds=3.0)  # older files: no ar_tokens
+    assert compare_heads.speedup(greedy) == 1.5
+    sampled = dict(tokens=100, seconds=2.0, ar_seconds=3.0, ar_tokens=120)
+    assert abs(compare_heads.speedup(sampled) - 50 / 40) < 1e-12
+    assert compare_heads.speedup(dict(tokens=1, seconds=1.0, ar_seconds=None)) is None
