@@ -37,9 +37,10 @@ SETTINGS = {
 }
 
 
-def child(args) -> dict:
+def child(args) -> None:
     """Builds random float32 weights of the preset and a 2-layer head (the shipped head's shape),
-    then lowers and compiles `spec_generate` and `ar_generate` once each."""
+    then lowers and compiles `spec_generate` and `ar_generate` once each, printing one JSON line
+    per step as it ends, so that a setting cut by its timeout still tells where it was."""
     import jax
     import jax.numpy as jnp
 
@@ -48,6 +49,7 @@ def child(args) -> dict:
     from jetspec_jax.sampling import Sampler
     from jetspec_jax.speculative import TreeSpec, spec_generate
 
+    started = time.perf_counter()
     jax.config.update("jax_enable_compilation_cache", False)
     jax.config.update("jax_default_matmul_precision", "highest")  # as compare_heads runs
     tcfg = config.preset(args.model)
@@ -67,15 +69,29 @@ def child(args) -> dict:
             tree_spec=TreeSpec(args.budget, 7), **common),
         "ar": lambda: ar_generate.lower(tp, prompt, lens, jax.random.key(2), cfg=tcfg, **common),
     }
-    out = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind}
+    emit = lambda **kv: print(json.dumps(kv), flush=True)  # noqa: E731
+    emit(backend=jax.default_backend(), device=jax.devices()[0].device_kind,
+         setup_s=round(time.perf_counter() - started, 2))
     for name, lower in programs.items():
         t0 = time.perf_counter()
         lowered = lower()
+        emit(**{name: {"lower_s": round(time.perf_counter() - t0, 2),
+                       "stablehlo_lines": lowered.as_text().count("\n")}})
         t1 = time.perf_counter()
         lowered.compile()
-        t2 = time.perf_counter()
-        out[name] = {"lower_s": round(t1 - t0, 2), "compile_s": round(t2 - t1, 2),
-                     "stablehlo_lines": lowered.as_text().count("\n")}
+        emit(**{name: {"compile_s": round(time.perf_counter() - t1, 2)}})
+
+
+def merge_lines(stdout: str) -> dict:
+    """The child's JSON lines merged into one dict (a program's entries into one)."""
+    out = {}
+    for line in stdout.splitlines():
+        try:
+            part = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        for k, v in part.items():
+            out[k] = {**out.get(k, {}), **v} if isinstance(v, dict) else v
     return out
 
 
@@ -85,32 +101,38 @@ def run_setting(name: str, args) -> dict:
     cmd = [sys.executable, __file__, "--child", "--attn-impl", attn, "--model", args.model,
            "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
            "--budget", str(args.budget), "--max-new", str(args.max_new)]
+    row = {"setting": name, "xla_flags": flags, "attn_impl": attn}
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                               timeout=args.timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"setting": name, "error": f"over {args.timeout_s} s"}
-    row = {"setting": name, "xla_flags": flags, "attn_impl": attn,
-           "process_s": round(time.perf_counter() - t0, 1)}
-    lines = proc.stdout.strip().splitlines()
-    try:
-        row.update(json.loads(lines[-1]))
-    except (IndexError, json.JSONDecodeError):
+    except subprocess.TimeoutExpired as cut:  # keep the steps that ended before the cut
+        stdout = cut.stdout.decode() if isinstance(cut.stdout, bytes) else cut.stdout or ""
+        return {**row, **merge_lines(stdout), "error": f"over {args.timeout_s} s"}
+    row.update(merge_lines(proc.stdout), process_s=round(time.perf_counter() - t0, 1))
+    if proc.returncode != 0:
         row["error"] = (proc.stderr or proc.stdout)[-600:]
     return row
 
 
 def table(rows: list[dict]) -> str:
-    programs = sorted({k for r in rows for k, v in r.items() if isinstance(v, dict)})
-    lines = ["| setting | XLA_FLAGS | attn | " + " | ".join(
-        f"{p} compile s (lower s)" for p in programs) + " |",
-        "|---|---|---|" + "---|" * len(programs)]
+    programs = list(dict.fromkeys(k for r in rows for k, v in r.items() if isinstance(v, dict)))
+    lines = ["| setting | XLA_FLAGS | attn | set-up s | " + " | ".join(
+        f"{p} compile s (lower s)" for p in programs) + " | error |",
+        "|---|---|---|---|" + "---|" * (len(programs) + 1)]
+
+    def cell(step: dict | None) -> str:
+        if not step:
+            return "-"
+        lower = f"({step['lower_s']:.1f})"
+        return f"{step['compile_s']:.1f} {lower}" if "compile_s" in step else f"cut {lower}"
+
     for r in rows:
-        cells = [f"{r[p]['compile_s']:.1f} ({r[p]['lower_s']:.1f})" if p in r else
-                 r.get("error", "-")[:60].replace("\n", " ") for p in programs]
+        error = r.get("error", "").strip().splitlines()
         lines.append(f"| {r['setting']} | `{r.get('xla_flags') or '-'}` | "
-                     f"{r.get('attn_impl', '-')} | " + " | ".join(cells) + " |")
+                     f"{r.get('attn_impl', '-')} | {r.get('setup_s', '-')} | "
+                     + " | ".join(cell(r.get(p)) for p in programs)
+                     + f" | {error[-1][:80] if error else ''} |")
     return "\n".join(lines)
 
 
@@ -129,7 +151,7 @@ def main(argv=None) -> None:
     ap.add_argument("--attn-impl", default="auto", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args)), flush=True)
+        child(args)
         return
     result = {"command": command_line(), "date": time.strftime("%Y-%m-%d"),
               "args": vars(args), "rows": []}

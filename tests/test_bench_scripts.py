@@ -61,3 +61,16 @@ def test_compile_probe_compiles_each_setting_in_its_own_process(tmp_path):
         for program in ("spec_b8", "ar"):
             assert row[program]["compile_s"] > 0 and row[program]["stablehlo_lines"] > 100
     assert result["rows"][1]["xla_flags"] == "--xla_gpu_enable_triton_gemm=false"
+
+
+def test_compile_probe_keeps_the_steps_a_timeout_cut():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import compile_probe
+
+    stdout = ('{"backend": "gpu", "setup_s": 3.0}\nnoise\n'
+              '{"spec_b64": {"lower_s": 2.5, "stablehlo_lines": 900}}\n'
+              '{"spec_b64": {"compile_s": 80.0}}\n{"ar": {"lower_s": 1.0, "stablehlo_lines": 5}}\n')
+    row = {"setting": "default", **compile_probe.merge_lines(stdout), "error": "over 125 s"}
+    assert row["spec_b64"] == {"lower_s": 2.5, "stablehlo_lines": 900, "compile_s": 80.0}
+    text = compile_probe.table([row])
+    assert "| 3.0 | 80.0 (2.5) | cut (1.0) | over 125 s |" in text
