@@ -154,10 +154,10 @@ def _model_flags(p, *, without_head: str) -> None:
                    "re-grown from a second head pass conditioned on each node's own path "
                    "(docs/drafting_variants.md) (default: %(default)s)")
     p.add_argument("--attn-impl", choices=api.ATTN_IMPLS, default="auto",
-                   help="attention implementation: auto picks the best GPU kernel, or the "
-                   "XLA reference on CPU; the Pallas kernels (portable/triton, mosaic/hopper, "
-                   "decode) need a GPU; fused: auto, with each decode step's q/k norm, RoPE, "
-                   "cache write and attention in one kernel (GPU; not yet measured) "
+                   help="attention implementation: auto picks the best GPU kernel (on a "
+                   "GPU, one-token steps run the fused kernel: q/k norm, RoPE, cache write and "
+                   "attention in one), or the XLA reference on CPU; the Pallas kernels "
+                   "(portable/triton, mosaic/hopper, decode) and fused need a GPU "
                    "(default: %(default)s)")
     p.add_argument("--no-chat", action="store_true",
                    help="feed prompts as raw text instead of wrapping them in the chat template")
