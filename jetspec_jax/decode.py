@@ -15,18 +15,59 @@ from jetspec_jax.sampling import Sampler, choose_tokens
 from jetspec_jax.sharding import constrain_state
 
 
+# Prompt tokens per prefill pass. Attention over the whole prompt at once holds [B, H, P, S]
+# scores: 311 MATH500 prompts of 832 tokens in SmolLM2 needed 34 GiB of temporaries on the CPU,
+# 18 of them scores (compiled memory analysis, docs/benchmarks.md); chunks bound them.
+PREFILL_CHUNK = 256
+
+
 def prefill(params, cfg: ModelConfig, prompt, prompt_lens, cache: KVCache, *,
-            taps=(), attn_impl="reference"):
+            taps=(), attn_impl="reference", chunk: int | None = None):
     """prompt [B, P] right-padded, prompt_lens [B]. Returns (logits at each prompt's last token
-    [B, V], cache holding the prompts, taps [B, P, k*D] or None)."""
-    b, p = prompt.shape
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    hidden, cache, tapped = target.forward(
-        params, cfg, prompt, positions, cache, jnp.zeros((b,), jnp.int32), None,
-        taps=taps, attn_impl=attn_impl)
+    [B, V], cache holding the prompts, taps [B, P, k*D] or None).
+
+    The prompt goes through the target `chunk` tokens at a time (None: PREFILL_CHUNK, read when
+    traced), each chunk seeing the slots of the ones before it: the same attention, less
+    memory."""
+    hidden, cache, tapped = _prefill_forward(params, cfg, prompt, cache, taps, attn_impl,
+                                             chunk or PREFILL_CHUNK)
     last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)  # [B, 1, D]
     logits = target.lm_head(params, cfg, last)[:, 0]
     return logits, constrain_state(cache.replace(lengths=prompt_lens.astype(jnp.int32))), tapped
+
+
+def _prefill_forward(params, cfg, prompt, cache, taps, attn_impl, chunk):
+    """(hidden [B, P, D], cache, taps or None). Past one chunk, the whole chunks run in a
+    `lax.scan` (one compiled copy of the model however long the prompt), then the remainder."""
+    b, p = prompt.shape
+
+    def run(tokens, start, cache):
+        positions = start + jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32),
+                                             tokens.shape)
+        return target.forward(params, cfg, tokens, positions, cache,
+                              jnp.full((b,), start, jnp.int32), None, taps=taps,
+                              attn_impl=attn_impl)
+
+    def body(cache, j):
+        tokens = jax.lax.dynamic_slice_in_dim(prompt, j * chunk, chunk, axis=1)
+        hidden, cache, tapped = run(tokens, j * chunk, cache)
+        return cache, (hidden, tapped)
+
+    def unchunk(x):  # [whole, B, chunk, F] -> [B, whole * chunk, F]
+        return jnp.swapaxes(x, 0, 1).reshape(b, -1, x.shape[-1])
+
+    whole = p // chunk if p > chunk else 0
+    parts = []  # (hidden, taps or None) per pass, in prompt order
+    if whole:
+        cache, (hidden, tapped) = jax.lax.scan(body, cache, jnp.arange(whole, dtype=jnp.int32))
+        parts.append((unchunk(hidden), tapped if tapped is None else unchunk(tapped)))
+    if whole * chunk < p:
+        hidden, cache, tapped = run(prompt[:, whole * chunk:], whole * chunk, cache)
+        parts.append((hidden, tapped))
+    if len(parts) == 1:
+        return parts[0][0], cache, parts[0][1]
+    hidden = jnp.concatenate([h for h, _ in parts], axis=1)
+    return hidden, cache, None if not taps else jnp.concatenate([t for _, t in parts], axis=1)
 
 
 @flax.struct.dataclass

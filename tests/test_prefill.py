@@ -1,0 +1,67 @@
+"""Chunked prefill: the prompt in passes of `chunk` tokens gives what one pass gives (logits,
+cache, taps), and decoding on top of it stays lossless."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import random_prompts, tiny_head, tiny_target
+from jetspec_jax import decode, target
+from jetspec_jax.speculative import TreeSpec
+from test_speculative import assert_same, run_both
+
+
+@pytest.mark.parametrize("kind,width,chunk", [
+    ("dense", 13, 4),   # three whole chunks in the scan, then a remainder of 1
+    ("llama", 12, 4),   # whole chunks only
+    ("moe", 9, 8),      # one whole chunk, then a remainder
+    ("dense", 5, 8),    # shorter than a chunk: one pass
+])
+def test_chunked_prefill_equals_one_pass(kind, width, chunk):
+    cfg, params = tiny_target(kind, seed=2, vocab=20)
+    prompt, lens = random_prompts(np.random.default_rng(width), 3, width, cfg.vocab_size)
+    taps = (0, 2)
+
+    def run(chunk):
+        cache = target.allocate_cache(cfg, 3, 24, jnp.float32)
+        return jax.jit(lambda c: decode.prefill(params, cfg, prompt, lens, c, taps=taps,
+                                                chunk=chunk))(cache)
+
+    (logits, cache, tapped), (want_logits, want_cache, want_taps) = run(chunk), run(width)
+    np.testing.assert_allclose(logits, want_logits, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(tapped, want_taps, atol=1e-5, rtol=1e-5)
+    assert tapped.shape == (3, width, len(taps) * cfg.hidden_size)
+    for got, want in zip(cache.k + cache.v, want_cache.k + want_cache.v):
+        np.testing.assert_allclose(got[:, :, :width], want[:, :, :width], atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(cache.lengths, lens)
+
+
+@pytest.fixture
+def set_prefill_chunk(monkeypatch):
+    """Sets decode.PREFILL_CHUNK. The chunk is read when tracing and is no part of jit's cache
+    key, so compiled programs are dropped at each change and at the end."""
+    def set_chunk(chunk):
+        monkeypatch.setattr(decode, "PREFILL_CHUNK", chunk)
+        jax.clear_caches()
+
+    yield set_chunk
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_decoding_with_chunked_prefill_is_unchanged_and_lossless(set_prefill_chunk, seed):
+    rng = np.random.default_rng(seed)
+    tcfg, tp = tiny_target(("dense", "moe", "llama")[seed], seed=seed, vocab=12)
+    dcfg, dp = tiny_head(tcfg, seed=seed + 7, block_size=6)
+    prompt, lens = random_prompts(rng, 3, 8, tcfg.vocab_size)
+    runs = []
+    for chunk in (3, 64):  # chunks of 3 tokens, then the 8-token prompts in one pass
+        set_prefill_chunk(chunk)
+        runs.append(run_both(tcfg, tp, dcfg, dp, prompt, lens, TreeSpec(16, 3)))
+    (ar, sd, _), (ar_one_pass, sd_one_pass, _) = runs
+    assert_same(ar, sd)
+    assert_same(ar, ar_one_pass)
+    assert_same(sd, sd_one_pass)
