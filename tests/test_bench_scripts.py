@@ -74,3 +74,13 @@ def test_compile_probe_keeps_the_steps_a_timeout_cut():
     assert row["spec_b64"] == {"lower_s": 2.5, "stablehlo_lines": 900, "compile_s": 80.0}
     text = compile_probe.table([row])
     assert "| 3.0 | 80.0 (2.5) | cut (1.0) | over 125 s |" in text
+
+
+def test_memory_probe_shows_chunked_prefill_needs_less(tmp_path):
+    out = tmp_path / "memory.json"
+    run_script("bench/memory_probe.py", "--model", "tiny-dense", "--shapes", "2x200x256",
+               "--prefill-chunks", "1000", "16", "--max-new", "8", "--out", str(out))
+    one_pass, chunked = json.loads(out.read_text())["rows"]
+    assert (one_pass["prefill_chunk"], chunked["prefill_chunk"]) == (1000, 16)
+    assert 0 < chunked["temp_bytes"] < one_pass["temp_bytes"]
+    assert one_pass["kv_cache_bytes"] == chunked["kv_cache_bytes"] > 0
