@@ -305,7 +305,8 @@ def markdown(result: dict) -> str:
     runs = result.get("runs", {})
     if runs:
         lines += ["", "## Wall clock: seconds of the compiled run and speedup over AR on the same "
-                  "batch (tokens per second; sampled runs may emit other lengths than AR)", "", "| batch | head | budget | prompts | s | AR s | speedup |",
+                  "batch (tokens per second; sampled runs may emit other lengths than AR)", "",
+                  "| batch | head | budget | prompts | s | AR s | speedup |",
                   "|---|---|---|---|---|---|---|"]
         for r in sorted(runs.values(), key=lambda r: (r["batch"], list(HEADS).index(r["head"]),
                                                       r["budget"])):

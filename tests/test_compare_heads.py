@@ -17,10 +17,11 @@ def cell(bench: str, head: str, hist: list[int]) -> dict:
 def test_markdown_keeps_cells_of_benchmarks_a_later_run_did_not_ask_for():
     args = dict(temperature=0.0, width=7, max_new_tokens=8, per_benchmark=0, one_batch=False,
                 benchmarks=["mtbench"])  # the last invocation's; humaneval came before
+    cells = {"mtbench/jetspec/16": cell("mtbench", "jetspec", [0, 2, 2]),
+             "humaneval/jetspec/16": cell("humaneval", "jetspec", [0, 0, 2])}
     result = dict(args=args, backend="cpu", machine="x", date="d", model="m",
-                  command="second", commands=["first", "second"], head_paths={"jetspec": "p"}, cells={
-                      "mtbench/jetspec/16": cell("mtbench", "jetspec", [0, 2, 2]),
-                      "humaneval/jetspec/16": cell("humaneval", "jetspec", [0, 0, 2])})
+                  command="second", commands=["first", "second"], head_paths={"jetspec": "p"},
+                  cells=cells)
     text = compare_heads.markdown(result)
     rows = [line for line in text.splitlines() if line.startswith("| humaneval")
             or line.startswith("| mtbench")]
