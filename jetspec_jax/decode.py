@@ -15,9 +15,9 @@ from jetspec_jax.sampling import Sampler, choose_tokens
 from jetspec_jax.sharding import constrain_state
 
 
-# Prompt tokens per prefill pass. Attention over the whole prompt at once holds [B, H, P, S]
-# scores: 311 MATH500 prompts of 832 tokens in SmolLM2 needed 34 GiB of temporaries on the CPU,
-# 18 of them scores (compiled memory analysis, docs/benchmarks.md); chunks bound them.
+# Prompt tokens per prefill pass. One pass over the whole prompt holds [B, H, P, S] attention
+# scores: the AR program of 311 MATH500 prompts (832 tokens) in SmolLM2 needed 34.1 GiB of
+# temporaries on the CPU, 20.8 in chunks of 256 (bench/memory_probe.py).
 PREFILL_CHUNK = 256
 
 
