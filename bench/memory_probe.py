@@ -26,6 +26,7 @@ def analyse(cfg, params, batch: int, width: int, slots: int, max_new: int) -> di
     import jax
     import jax.numpy as jnp
 
+    from jetspec_jax import target
     from jetspec_jax.decode import ar_generate
     from jetspec_jax.sampling import Sampler
 
@@ -38,8 +39,9 @@ def analyse(cfg, params, batch: int, width: int, slots: int, max_new: int) -> di
     m = compiled.memory_analysis()
     return {"batch": batch, "prompt": width, "slots": slots,
             "temp_bytes": m.temp_size_in_bytes, "args_bytes": m.argument_size_in_bytes,
-            "kv_cache_bytes": 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * slots
-            * batch * 4,
+            "kv_cache_bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
+                jax.eval_shape(lambda: target.allocate_cache(cfg, batch, slots, jnp.float32))
+            ) if x.ndim == 4),  # K and V of every layer, not the lengths
             "compile_s": round(time.perf_counter() - start, 1)}
 
 
