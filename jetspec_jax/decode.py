@@ -29,8 +29,10 @@ def prefill(params, cfg: ModelConfig, prompt, prompt_lens, cache: KVCache, *,
     The prompt goes through the target `chunk` tokens at a time (None: PREFILL_CHUNK, read when
     traced), each chunk seeing the slots of the ones before it: the same attention, less
     memory."""
-    hidden, cache, tapped = _prefill_forward(params, cfg, prompt, cache, taps, attn_impl,
-                                             chunk or PREFILL_CHUNK)
+    chunk = PREFILL_CHUNK if chunk is None else chunk
+    if chunk < 1:
+        raise ValueError(f"prefill chunk must be >= 1 prompt tokens, got {chunk}")
+    hidden, cache, tapped = _prefill_forward(params, cfg, prompt, cache, taps, attn_impl, chunk)
     last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)  # [B, 1, D]
     logits = target.lm_head(params, cfg, last)[:, 0]
     return logits, constrain_state(cache.replace(lengths=prompt_lens.astype(jnp.int32))), tapped

@@ -65,3 +65,12 @@ def test_decoding_with_chunked_prefill_is_unchanged_and_lossless(set_prefill_chu
     assert_same(ar, sd)
     assert_same(ar, ar_one_pass)
     assert_same(sd, sd_one_pass)
+
+
+@pytest.mark.parametrize("chunk", [0, -4])
+def test_prefill_refuses_a_chunk_below_one_token(chunk):
+    cfg, params = tiny_target("dense", vocab=20)
+    prompt, lens = random_prompts(np.random.default_rng(0), 2, 6, cfg.vocab_size)
+    cache = target.allocate_cache(cfg, 2, 16, jnp.float32)
+    with pytest.raises(ValueError, match="prefill chunk must be >= 1"):
+        decode.prefill(params, cfg, prompt, lens, cache, chunk=chunk)
