@@ -1,6 +1,6 @@
 """JetSpec vs DFlash vs EAGLE-style draft heads for one target, on real benchmark prompts.
 
-Greedy decoding (float32, whatever device JAX picks; written for the CPU):
+Greedy decoding (float32 by default, whatever device JAX picks; written for the CPU):
   1. for each benchmark, head and tree budget: tau (tokens committed per round, accepted drafts
      + 1, pooled over the batch as `api.GenerationResult.tau_mean`), the histogram of committed
      lengths, whether each output equals greedy autoregressive decoding token for token (AR runs
@@ -84,6 +84,13 @@ def reusable_ar(ar: dict | None, num_prompts: int, max_new: int, temperature: fl
     """Whether a stored AR run (of an earlier invocation) is of this batch and sampler."""
     return (ar is not None and len(ar["tokens"]) == num_prompts and ar.get("max_new") == max_new
             and ar.get("temperature", 0.0) == temperature)
+
+
+def other_dtype(result: dict, dtype: str) -> str | None:
+    """The dtype of the decoded cells in a stored result if it is not dtype (files written
+    before --dtype existed are float32): such cells must not be mixed into this run's."""
+    stored = result.get("dtype", "float32")
+    return stored if result.get("cells") and stored != dtype else None
 
 
 def speedup(run: dict) -> float | None:
@@ -174,6 +181,7 @@ def draft_cost(target, heads, prompt_text, depths, budget, width, repeats, t0, d
     batch = api.make_batch(target, ids, 16, 2 * max(budget, 16) + 16)
     prompt, lens, slots = batch.prompt, batch.lens, batch.num_slots
     rows = list(done)
+    dtype = jnp.dtype(target.dtype)
     have = {(r["head"], r["what"], r["depth"]) for r in rows}
 
     def add(row):
@@ -189,11 +197,11 @@ def draft_cost(target, heads, prompt_text, depths, budget, width, repeats, t0, d
             taps = ecfg.tap_layers
         else:
             taps = head.dcfg.tap_layers
-        cache = target_model.allocate_cache(tcfg, 1, slots, jnp.float32)
+        cache = target_model.allocate_cache(tcfg, 1, slots, dtype)
         _, _, ptaps = prefill(tparams, tcfg, prompt, lens, cache, taps=taps)
         if kind == "eagle":
             c = ecfg.layers
-            ecache = KVCache.allocate(1, 1, c.num_kv_heads, slots, c.head_dim, jnp.float32)
+            ecache = KVCache.allocate(1, 1, c.num_kv_heads, slots, c.head_dim, dtype)
             ecache, hid = eagle.extend(eparams, ecfg, tparams, ecache, eagle._shift(ptaps),
                                        prompt, lens)
             root = hid[:, int(lens[0]) - 1]
@@ -210,7 +218,7 @@ def draft_cost(target, heads, prompt_text, depths, budget, width, repeats, t0, d
             if (name, "context_update", ecfg.depth) not in have:
                 pend = ecfg.depth + 1  # eagle_round extends by [B, D+1] pending entries
                 ptok = jnp.zeros((1, pend), jnp.int32)
-                ptap = jnp.zeros((1, pend, ptaps.shape[-1]), jnp.float32)
+                ptap = jnp.zeros((1, pend, ptaps.shape[-1]), dtype)
                 fn = jax.jit(lambda ep, tp, ca, pt, px: eagle.extend(
                     ep, ecfg, tp, ca, px, pt, jnp.full((1,), pend, jnp.int32)))
                 ms, times = median_ms(fn, (eparams, tparams, ecache, ptok, ptap), repeats)
@@ -220,7 +228,7 @@ def draft_cost(target, heads, prompt_text, depths, budget, width, repeats, t0, d
         dparams, dcfg0 = head.params, head.dcfg
         for d in depths:
             dcfg = dataclasses.replace(dcfg0, block_size=d + 1)
-            dcache = draft_head.allocate_cache(dcfg, 1, slots, jnp.float32)
+            dcache = draft_head.allocate_cache(dcfg, 1, slots, dtype)
             dcache = draft_head.extend_context(dparams, dcfg, dcache, ptaps, lens)
             b = min(budget, eagle_candidates(d, width))
             if (name, "draft_block", d) not in have:
@@ -240,9 +248,9 @@ def draft_cost(target, heads, prompt_text, depths, budget, width, repeats, t0, d
                          ms=ms, times_ms=times, block_size=d + 1))
         if (name, "context_update", dcfg0.depth) not in have:
             blk = dcfg0.block_size  # speculative_round extends by [B, blk] pending taps
-            dcache = draft_head.allocate_cache(dcfg0, 1, slots, jnp.float32)
+            dcache = draft_head.allocate_cache(dcfg0, 1, slots, dtype)
             dcache = draft_head.extend_context(dparams, dcfg0, dcache, ptaps, lens)
-            ptap = jnp.zeros((1, blk, ptaps.shape[-1]), jnp.float32)
+            ptap = jnp.zeros((1, blk, ptaps.shape[-1]), dtype)
             fn = jax.jit(lambda dp, ca, px: draft_head.extend_context(
                 dp, dcfg0, ca, px, jnp.full((1,), blk, jnp.int32)))  # whole cache: no DCE
             ms, times = median_ms(fn, (dparams, dcache, ptap), repeats)
@@ -265,7 +273,7 @@ def markdown(result: dict) -> str:
              "- command" + ("s (in order; each resumed the last)" if len(
                  result.get("commands", [])) > 1 else "") + ": " + ", ".join(
                  f"`{c}`" for c in result.get("commands", [result["command"]])),
-             f"- target: {result['model']} (float32), "
+             f"- target: {result['model']} ({result.get('dtype', 'float32')}), "
              + (f"sampling at temperature {a['temperature']} (= AR does not apply)"
                 if a.get("temperature") else "greedy decoding") + f", width {a['width']}, "
              f"tree accum_logp, {a['max_new_tokens']} new tokens, "
@@ -413,6 +421,9 @@ def main():
     ap.add_argument("--cost-budget", type=int, default=64)
     ap.add_argument("--cost-repeats", type=int, default=7)
     ap.add_argument("--skip-cost", action="store_true", help="no draft-cost measurement")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="target, heads and cache; greedy outputs that differ from AR in "
+                         "bfloat16 are the bf16 divergence rate (float32 must have none)")
     ap.add_argument("--out", default=f"bench/results/heads_cpu_{STAMP}.json")
     ap.add_argument("--md", default=None, help="markdown table (default: --out with .md)")
     args = ap.parse_args()
@@ -423,8 +434,8 @@ def main():
     md = Path(args.md) if args.md else out.with_suffix(".md")
     command = command_line()
 
-    api.exact_float32("float32")
-    target = api.load_target(args.model, dtype="float32", progress=False)
+    api.exact_float32(args.dtype)
+    target = api.load_target(args.model, dtype=args.dtype, progress=False)
     heads, paths = {}, {}
     for name in args.heads:
         kind, _, _ = HEADS[name]
@@ -432,7 +443,7 @@ def main():
         paths[name] = path
         if kind == "eagle":
             ecfg, eparams = eagle.load_eagle(ROOT / path if not Path(path).is_absolute() else path)
-            eparams = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), eparams)
+            eparams = jax.tree.map(lambda x: jnp.asarray(x, args.dtype), eparams)
             heads[name] = (kind, (ecfg, eparams))
         else:
             heads[name] = (kind, api.load_draft(ROOT / path if not Path(path).is_absolute()
@@ -440,7 +451,10 @@ def main():
     log(f"loaded target {args.model} and heads {', '.join(heads)}", t0)
 
     result = resume(out, command, {})
-    result.update(model=args.model, backend=jax.default_backend(),
+    if other_dtype(result, args.dtype):
+        sys.exit(f"{out} holds {other_dtype(result, args.dtype)} results; a {args.dtype} run "
+                 "needs its own --out")
+    result.update(model=args.model, dtype=args.dtype, backend=jax.default_backend(),
                   device=jax.devices()[0].device_kind,
                   machine=f"{platform.machine()}, {os.cpu_count()} logical CPUs",
                   date=time.strftime("%Y-%m-%d"), command=command, args=vars(args),

@@ -5,7 +5,8 @@ flags once), with the persistent compilation cache off.
 On the H200 one SmolLM2 evaluation program (compare_heads: float32, batch 192) took 45-147 s to
 compile, against ~3 s on the CPU, and `--xla_gpu_autotune_level=0` did not shorten it. This
 script names the part of the GPU compile that costs: our Pallas kernels (attn "reference"
-removes them), XLA's Triton gemms, autotuning, command buffers.
+removes them), XLA's Triton gemms, autotuning, command buffers, float32 at `highest` precision
+(the same programs in bfloat16 compiled in about half the time in session 9).
 
   python bench/compile_probe.py --out $OUT/compile_probe.json            # on the GPU
   python bench/compile_probe.py --model tiny-dense --settings default attn_reference
@@ -25,21 +26,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import command_line, write_json  # noqa: E402
 
-# name -> (XLA_FLAGS, attn_impl)
+# name -> (XLA_FLAGS, attn_impl, dtype): float32 runs at `highest` matmul precision (as
+# compare_heads' float32 runs do); bfloat16 at the default precision.
 SETTINGS = {
-    "default": ("", "auto"),
-    "attn_reference": ("", "reference"),
-    "no_triton_gemm": ("--xla_gpu_enable_triton_gemm=false", "auto"),
-    "autotune_0": ("--xla_gpu_autotune_level=0", "auto"),
-    "no_command_buffer": ("--xla_gpu_enable_command_buffer=", "auto"),
+    "default": ("", "auto", "float32"),
+    "attn_reference": ("", "reference", "float32"),
+    "no_triton_gemm": ("--xla_gpu_enable_triton_gemm=false", "auto", "float32"),
+    "autotune_0": ("--xla_gpu_autotune_level=0", "auto", "float32"),
+    "no_command_buffer": ("--xla_gpu_enable_command_buffer=", "auto", "float32"),
     "all_off": ("--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0 "
-                "--xla_gpu_enable_command_buffer=", "reference"),
+                "--xla_gpu_enable_command_buffer=", "reference", "float32"),
+    "bfloat16": ("", "auto", "bfloat16"),
 }
 
 
 def child(args) -> None:
-    """Builds random float32 weights of the preset and a 2-layer head (the shipped head's shape),
-    then lowers and compiles `spec_generate` and `ar_generate` once each, printing one JSON line
+    """Builds random weights (args.dtype) of the preset and a 2-layer head (the shipped head's
+    shape), then lowers and compiles `spec_generate` and `ar_generate` once each, printing one JSON line
     per step as it ends, so that a setting cut by its timeout still tells where it was."""
     import jax
     import jax.numpy as jnp
@@ -51,16 +54,16 @@ def child(args) -> None:
 
     started = time.perf_counter()
     jax.config.update("jax_enable_compilation_cache", False)
-    jax.config.update("jax_default_matmul_precision", "highest")  # as compare_heads runs
+    dtype = jnp.dtype(args.dtype)
+    api.exact_float32(dtype)  # float32 at `highest`, as compare_heads runs it
     tcfg = config.preset(args.model)
-    tp = jax.jit(lambda k: P.init_params(P.target_specs(tcfg), k, jnp.float32))(
-        jax.random.key(0))
+    tp = jax.jit(lambda k: P.init_params(P.target_specs(tcfg), k, dtype))(jax.random.key(0))
     dcfg = draft_head.draft_config_for(tcfg, num_layers=2, block_size=16, num_taps=3)
-    dp = jax.jit(lambda k: P.init_params(draft_head.draft_specs(dcfg), k, jnp.float32))(
+    dp = jax.jit(lambda k: P.init_params(draft_head.draft_specs(dcfg), k, dtype))(
         jax.random.key(1))
     prompt = jnp.zeros((args.batch, args.prompt_len), jnp.int32)
     lens = jnp.full((args.batch,), args.prompt_len, jnp.int32)
-    common = dict(max_new=args.max_new, sampler=Sampler(), stop_ids=(), cache_dtype=jnp.float32,
+    common = dict(max_new=args.max_new, sampler=Sampler(), stop_ids=(), cache_dtype=dtype,
                   num_slots=args.prompt_len + args.max_new + args.budget + 32,
                   attn_impl=api.resolve_attn_impl(args.attn_impl))  # "auto": the CPU's
     programs = {
@@ -96,12 +99,13 @@ def merge_lines(stdout: str) -> dict:
 
 
 def run_setting(name: str, args) -> dict:
-    flags, attn = SETTINGS[name]
+    flags, attn, dtype = SETTINGS[name]
     env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip())
-    cmd = [sys.executable, __file__, "--child", "--attn-impl", attn, "--model", args.model,
+    cmd = [sys.executable, __file__, "--child", "--attn-impl", attn, "--dtype", dtype,
+           "--model", args.model,
            "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
            "--budget", str(args.budget), "--max-new", str(args.max_new)]
-    row = {"setting": name, "xla_flags": flags, "attn_impl": attn}
+    row = {"setting": name, "xla_flags": flags, "attn_impl": attn, "dtype": dtype}
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
@@ -117,9 +121,9 @@ def run_setting(name: str, args) -> dict:
 
 def table(rows: list[dict]) -> str:
     programs = list(dict.fromkeys(k for r in rows for k, v in r.items() if isinstance(v, dict)))
-    lines = ["| setting | XLA_FLAGS | attn | set-up s | " + " | ".join(
+    lines = ["| setting | XLA_FLAGS | attn | dtype | set-up s | " + " | ".join(
         f"{p} compile s (lower s)" for p in programs) + " | error |",
-        "|---|---|---|---|" + "---|" * (len(programs) + 1)]
+        "|---|---|---|---|---|" + "---|" * (len(programs) + 1)]
 
     def cell(step: dict | None) -> str:
         if not step:
@@ -130,7 +134,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         error = r.get("error", "").strip().splitlines()
         lines.append(f"| {r['setting']} | `{r.get('xla_flags') or '-'}` | "
-                     f"{r.get('attn_impl', '-')} | {r.get('setup_s', '-')} | "
+                     f"{r.get('attn_impl', '-')} | {r.get('dtype', 'float32')} | "
+                     f"{r.get('setup_s', '-')} | "
                      + " | ".join(cell(r.get(p)) for p in programs)
                      + f" | {error[-1][:80] if error else ''} |")
     return "\n".join(lines)
@@ -149,6 +154,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--attn-impl", default="auto", help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         child(args)

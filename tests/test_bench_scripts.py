@@ -53,14 +53,15 @@ def test_compile_probe_compiles_each_setting_in_its_own_process(tmp_path):
     out = tmp_path / "probe.json"
     run_script("bench/compile_probe.py", "--model", "tiny-dense", "--batch", "2",
                "--prompt-len", "8", "--budget", "8", "--max-new", "4",
-               "--settings", "default", "no_triton_gemm", "--out", str(out))
+               "--settings", "default", "no_triton_gemm", "bfloat16", "--out", str(out))
     result = json.loads(out.read_text())
-    assert [r["setting"] for r in result["rows"]] == ["default", "no_triton_gemm"]
+    assert [r["setting"] for r in result["rows"]] == ["default", "no_triton_gemm", "bfloat16"]
     for row in result["rows"]:
         assert "error" not in row, row
         for program in ("spec_b8", "ar"):
             assert row[program]["compile_s"] > 0 and row[program]["stablehlo_lines"] > 100
     assert result["rows"][1]["xla_flags"] == "--xla_gpu_enable_triton_gemm=false"
+    assert [r["dtype"] for r in result["rows"]] == ["float32", "float32", "bfloat16"]
 
 
 def test_compile_probe_keeps_the_steps_a_timeout_cut():
@@ -73,7 +74,7 @@ def test_compile_probe_keeps_the_steps_a_timeout_cut():
     row = {"setting": "default", **compile_probe.merge_lines(stdout), "error": "over 125 s"}
     assert row["spec_b64"] == {"lower_s": 2.5, "stablehlo_lines": 900, "compile_s": 80.0}
     text = compile_probe.table([row])
-    assert "| 3.0 | 80.0 (2.5) | cut (1.0) | over 125 s |" in text
+    assert "| float32 | 3.0 | 80.0 (2.5) | cut (1.0) | over 125 s |" in text
 
 
 def test_memory_probe_shows_chunked_prefill_needs_less(tmp_path):

@@ -67,3 +67,11 @@ def test_speedup_is_throughput_over_ar():
     sampled = dict(tokens=100, seconds=2.0, ar_seconds=3.0, ar_tokens=120)
     assert abs(compare_heads.speedup(sampled) - 50 / 40) < 1e-12
     assert compare_heads.speedup(dict(tokens=1, seconds=1.0, ar_seconds=None)) is None
+
+
+def test_a_bfloat16_run_does_not_resume_float32_cells():
+    old = {"cells": {"humaneval/jetspec/16": {}}}  # written before --dtype: float32
+    assert compare_heads.other_dtype(old, "bfloat16") == "float32"
+    assert compare_heads.other_dtype(old, "float32") is None
+    assert compare_heads.other_dtype({**old, "dtype": "bfloat16"}, "bfloat16") is None
+    assert compare_heads.other_dtype({"cells": {}}, "bfloat16") is None  # nothing to mix
