@@ -21,7 +21,8 @@ from results_io import command_line, write_json  # noqa: E402
 GIB = 2 ** 30
 
 
-def analyse(cfg, params, batch: int, width: int, slots: int, max_new: int) -> dict:
+def analyse(cfg, params, batch: int, width: int, slots: int, max_new: int,
+            prefill_chunk: int) -> dict:
     """Memory analysis of `ar_generate` for one batch shape, in bytes."""
     import jax
     import jax.numpy as jnp
@@ -35,7 +36,7 @@ def analyse(cfg, params, batch: int, width: int, slots: int, max_new: int) -> di
         params, jax.ShapeDtypeStruct((batch, width), jnp.int32),
         jax.ShapeDtypeStruct((batch,), jnp.int32), jax.random.key(0), cfg=cfg, max_new=max_new,
         sampler=Sampler(), stop_ids=(), num_slots=slots, attn_impl="reference",
-        cache_dtype=jnp.float32).compile()
+        cache_dtype=jnp.float32, prefill_chunk=prefill_chunk).compile()
     m = compiled.memory_analysis()
     return {"batch": batch, "prompt": width, "slots": slots,
             "temp_bytes": m.temp_size_in_bytes, "args_bytes": m.argument_size_in_bytes,
@@ -53,7 +54,8 @@ def main(argv=None) -> None:
                     help="batch x padded prompt width x cache slots")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--prefill-chunks", type=int, nargs="+", default=None,
-                    help="values of decode.PREFILL_CHUNK to analyse (default: the library's)")
+                    help="prefill chunks (ar_generate's prefill_chunk) to analyse (default: "
+                         "decode.PREFILL_CHUNK)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     try:
@@ -75,11 +77,9 @@ def main(argv=None) -> None:
     print("| prefill chunk | batch | prompt | slots | temporaries GiB | KV cache GiB | "
           "weights + inputs GiB |\n|---|---|---|---|---|---|---|")
     for chunk in args.prefill_chunks or [decode.PREFILL_CHUNK]:
-        decode.PREFILL_CHUNK = chunk  # read when tracing; not in jit's cache key, hence:
-        jax.clear_caches()
         for batch, width, slots in shapes:
             r = {"prefill_chunk": chunk, **analyse(cfg, params, batch, width, slots,
-                                                   args.max_new)}
+                                                   args.max_new, chunk)}
             rows.append(r)
             print(f"| {chunk} | {batch} | {width} | {slots} | {r['temp_bytes'] / GIB:.2f} | "
                   f"{r['kv_cache_bytes'] / GIB:.2f} | {r['args_bytes'] / GIB:.2f} |", flush=True)

@@ -26,7 +26,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jetspec_jax import adaptive, sharding
-from jetspec_jax.decode import ar_generate, check_capacity
+from jetspec_jax.decode import PREFILL_CHUNK, ar_generate, check_capacity
 from jetspec_jax.draft_head import draft_specs
 from jetspec_jax.loading import (  # noqa: F401  (re-exported: the API's loading half)
     CHECKPOINT_DIRS, DEFAULT_MODEL, DTYPES, Draft, Target, check_fits, default_draft_path,
@@ -240,7 +240,8 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
              draft_mode: str = "per_depth", temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, chat: bool = True,
              stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
-             compare_autoregressive: bool = False, mesh=None) -> GenerationResult:
+             compare_autoregressive: bool = False, mesh=None,
+             prefill_chunk: int = PREFILL_CHUNK) -> GenerationResult:
     """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
 
     budget: tree nodes per round (None: `default_budget()`), or "auto": each round picks its
@@ -249,7 +250,8 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
     chat: wrap text prompts in the chat template; stop_ids: None means the tokenizer's eos
     ids; compare_autoregressive: also time autoregressive decoding of the same batch (with a
     draft only); mesh: where to decode (None: the target's mesh, or one device), a spec such
-    as "tp=2" or a `Mesh`."""
+    as "tp=2" or a `Mesh`; prefill_chunk: prompt tokens per prefill pass (smaller: less memory
+    for long prompts in big batches)."""
     opts = decoding_options(budget=budget, width=width, tree=tree, draft_mode=draft_mode,
                             temperature=temperature, top_k=top_k, top_p=top_p,
                             attn_impl=attn_impl)
@@ -274,7 +276,7 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
             attn = "reference"  # head, not the Pallas kernels' custom calls (docs/sharding.md)
     static = dict(max_new=max_new_tokens, sampler=opts.sampler,
                   stop_ids=tuple(int(s) for s in stop_ids), num_slots=batch.num_slots,
-                  attn_impl=attn, cache_dtype=jnp.dtype(target.dtype))
+                  attn_impl=attn, cache_dtype=jnp.dtype(target.dtype), prefill_chunk=prefill_chunk)
 
     def timed(fn, args, static):
         with sharding.use(mesh):  # constraints in the decoding loops read the context mesh

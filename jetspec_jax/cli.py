@@ -23,6 +23,7 @@ from pathlib import Path
 import jax
 
 from jetspec_jax import adaptive, api
+from jetspec_jax.decode import PREFILL_CHUNK
 from jetspec_jax.speculative import DRAFT_MODES
 
 BUILTIN_PROMPT = "Explain in three sentences why the sky is blue."
@@ -61,6 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     _train_data_parser(sub)
     _train_draft_parser(sub)
     return parser
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
 
 
 def _subparser(sub, name: str, help: str, description: str):
@@ -197,6 +208,9 @@ def _generate_parser(sub) -> None:
     p.add_argument("--compare", action="store_true",
                    help="also decode autoregressively in the same run and print the speedup "
                    "(and, greedy, whether the outputs are identical)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=PREFILL_CHUNK, metavar="N",
+                   help="prompt tokens per prefill pass; smaller needs less memory for long "
+                   "prompts in big batches, with the same output (default: %(default)s)")
     p.set_defaults(run=run_generate)
 
 
@@ -249,7 +263,8 @@ def run_generate(args) -> None:
         target, prompts, draft=draft, max_new_tokens=args.max_new_tokens, budget=args.budget,
         width=args.width, tree=args.tree, draft_mode=args.draft_mode,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        chat=not args.no_chat, attn_impl=args.attn_impl, compare_autoregressive=args.compare)
+        chat=not args.no_chat, attn_impl=args.attn_impl, compare_autoregressive=args.compare,
+        prefill_chunk=args.prefill_chunk)
     for i, text in enumerate(result.texts):
         if len(result.texts) > 1:
             print(f"=== prompt {i} ===")

@@ -15,21 +15,19 @@ from jetspec_jax.sampling import Sampler, choose_tokens
 from jetspec_jax.sharding import constrain_state
 
 
-# Prompt tokens per prefill pass. One pass over the whole prompt holds [B, H, P, S] attention
-# scores: the AR program of 311 MATH500 prompts (832 tokens) in SmolLM2 needed 34.1 GiB of
-# temporaries on the CPU, 20.8 in chunks of 256 (bench/memory_probe.py).
+# Default prompt tokens per prefill pass. One pass over the whole prompt holds [B, H, P, S]
+# attention scores: the AR program of 311 MATH500 prompts (832 tokens) in SmolLM2 needed 34.1 GiB
+# of temporaries on the CPU, 20.8 in chunks of 256 (bench/memory_probe.py).
 PREFILL_CHUNK = 256
 
 
 def prefill(params, cfg: ModelConfig, prompt, prompt_lens, cache: KVCache, *,
-            taps=(), attn_impl="reference", chunk: int | None = None):
+            taps=(), attn_impl="reference", chunk: int = PREFILL_CHUNK):
     """prompt [B, P] right-padded, prompt_lens [B]. Returns (logits at each prompt's last token
     [B, V], cache holding the prompts, taps [B, P, k*D] or None).
 
-    The prompt goes through the target `chunk` tokens at a time (None: PREFILL_CHUNK, read when
-    traced), each chunk seeing the slots of the ones before it: the same attention, less
-    memory."""
-    chunk = PREFILL_CHUNK if chunk is None else chunk
+    The prompt goes through the target `chunk` tokens at a time, each chunk seeing the slots of
+    the ones before it: the same attention, less memory."""
     if chunk < 1:
         raise ValueError(f"prefill chunk must be >= 1 prompt tokens, got {chunk}")
     hidden, cache, tapped = _prefill_forward(params, cfg, prompt, cache, taps, attn_impl, chunk)
@@ -123,15 +121,19 @@ def check_capacity(prompt_len: int, max_new: int, extra: int, limit: int, num_sl
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "cfg", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl", "cache_dtype"))
+    "cfg", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl", "cache_dtype",
+    "prefill_chunk"))
 def ar_generate(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
                 sampler: Sampler, stop_ids: tuple[int, ...], num_slots: int,
-                attn_impl: str = "reference", cache_dtype=jnp.float32) -> Output:
-    """Autoregressive decoding of a right-padded batch; returns the generated tokens."""
+                attn_impl: str = "reference", cache_dtype=jnp.float32,
+                prefill_chunk: int = PREFILL_CHUNK) -> Output:
+    """Autoregressive decoding of a right-padded batch; returns the generated tokens.
+    prefill_chunk: prompt tokens per prefill pass (`prefill`)."""
     b = prompt.shape[0]
     check_capacity(prompt.shape[1], max_new, 1, cfg.max_position_embeddings, num_slots)
     cache = target.allocate_cache(cfg, b, num_slots, cache_dtype)
-    logits, cache, _ = prefill(params, cfg, prompt, prompt_lens, cache, attn_impl=attn_impl)
+    logits, cache, _ = prefill(params, cfg, prompt, prompt_lens, cache, attn_impl=attn_impl,
+                               chunk=prefill_chunk)
     key, sub = jax.random.split(key)
     first = choose_tokens(sub, logits, sampler)
     out = Output.empty(b, max_new + 1).append(first[:, None], jnp.ones((b,), jnp.int32),

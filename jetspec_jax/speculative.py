@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jetspec_jax import adaptive, draft_head, path_draft, target
 from jetspec_jax.cache import KVCache
 from jetspec_jax.config import ModelConfig
-from jetspec_jax.decode import Output, check_capacity, prefill
+from jetspec_jax.decode import PREFILL_CHUNK, Output, check_capacity, prefill
 from jetspec_jax.draft_head import DraftConfig
 from jetspec_jax.sampling import Sampler, choose_tokens
 from jetspec_jax.sharding import constrain_state
@@ -142,14 +142,15 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, st
 
 def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, prompt_lens, key,
                *, max_new: int, sampler: Sampler, stop_ids, num_slots: int, attn_impl: str,
-               cache_dtype) -> SpecState:
+               cache_dtype, prefill_chunk: int = PREFILL_CHUNK) -> SpecState:
     """Prefill: the target reads the prompts (with taps), picks the first token, and the draft
     context is filled with the prompts' taps."""
     b = prompt.shape[0]
     blk = dcfg.block_size
     cache = target.allocate_cache(tcfg, b, num_slots, cache_dtype)
     logits, cache, prompt_taps = prefill(tparams, tcfg, prompt, prompt_lens, cache,
-                                         taps=dcfg.tap_layers, attn_impl=attn_impl)
+                                         taps=dcfg.tap_layers, attn_impl=attn_impl,
+                                         chunk=prefill_chunk)
     key, sub = jax.random.split(key)
     first = choose_tokens(sub, logits, sampler)
     out = Output.empty(b, max_new + blk).append(first[:, None], jnp.ones((b,), jnp.int32),
@@ -168,11 +169,12 @@ def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, p
 
 @functools.partial(jax.jit, static_argnames=(
     "tcfg", "dcfg", "tree_spec", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl",
-    "cache_dtype"))
+    "cache_dtype", "prefill_chunk"))
 def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
                   dcfg: DraftConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
                   stop_ids: tuple[int, ...], num_slots: int, attn_impl: str = "reference",
-                  cache_dtype=jnp.float32) -> tuple[Output, SpecStats]:
+                  cache_dtype=jnp.float32,
+                  prefill_chunk: int = PREFILL_CHUNK) -> tuple[Output, SpecStats]:
     """Speculative decoding of a right-padded batch; same outputs as `ar_generate` (greedy:
     token for token; sampling: in distribution)."""
     check_capacity(prompt.shape[1], max_new,
@@ -180,7 +182,8 @@ def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConf
                    tcfg.max_position_embeddings, num_slots)
     state = init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, max_new=max_new,
                        sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,
-                       attn_impl=attn_impl, cache_dtype=cache_dtype)
+                       attn_impl=attn_impl, cache_dtype=cache_dtype,
+                       prefill_chunk=prefill_chunk)
     round_fn = functools.partial(speculative_round, tparams, tcfg, dparams, dcfg,
                                  tree_spec=tree_spec, sampler=sampler, stop_ids=stop_ids,
                                  max_new=max_new, attn_impl=attn_impl)

@@ -99,6 +99,8 @@ def test_generate_token_prompts_and_sampling(tiny):
     assert len(greedy.tokens) == 1 and len(greedy.tokens[0]) == 6
     assert greedy.tokens == api.generate(target, "w0 w1 w2", chat=False, max_new_tokens=6,
                                          stop_ids=()).tokens
+    chunked = api.generate(target, [3, 4, 5], max_new_tokens=6, stop_ids=(), prefill_chunk=2)
+    assert chunked.tokens == greedy.tokens and chunked.compile_s > 0  # its own program
     kw = dict(max_new_tokens=6, temperature=1.0, top_k=8, stop_ids=())
     a = api.generate(target, [[3, 4, 5], [6]], seed=1, **kw)
     assert a.tokens == api.generate(target, [[3, 4, 5], [6]], seed=1, **kw).tokens
@@ -290,7 +292,10 @@ def test_bad_budget(tiny, capsys, budget):
      "'auto', got 'big'"),
     (["bench", "--budgets", "8", "x"], "argument --budgets: expected a number of tree nodes"),
     (["generate", "--draft-mode", "tree"], "argument --draft-mode: invalid choice: 'tree'"),
-], ids=["budget", "budgets", "draft-mode"])
+    (["generate", "--prefill-chunk", "0"], "argument --prefill-chunk: expected a whole number "
+     ">= 1, got '0'"),
+    (["generate", "--prefill-chunk", "2k"], "argument --prefill-chunk: expected a whole number"),
+], ids=["budget", "budgets", "draft-mode", "prefill-chunk-0", "prefill-chunk-text"])
 def test_bad_draft_mode_and_budget_flags(capsys, flags, message):
     with pytest.raises(SystemExit) as e:
         main(flags)

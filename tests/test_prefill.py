@@ -10,7 +10,11 @@ import pytest
 
 from helpers import random_prompts, tiny_head, tiny_target
 from jetspec_jax import decode, target
-from jetspec_jax.speculative import TreeSpec
+from jetspec_jax.decode import ar_generate
+from jetspec_jax.params import init_params
+from jetspec_jax.sampling import Sampler
+from jetspec_jax.speculative import TreeSpec, spec_generate
+from jetspec_jax.train import eagle
 from test_speculative import assert_same, run_both
 
 
@@ -39,32 +43,45 @@ def test_chunked_prefill_equals_one_pass(kind, width, chunk):
     np.testing.assert_array_equal(cache.lengths, lens)
 
 
-@pytest.fixture
-def set_prefill_chunk(monkeypatch):
-    """Sets decode.PREFILL_CHUNK. The chunk is read when tracing and is no part of jit's cache
-    key, so compiled programs are dropped at each change and at the end."""
-    def set_chunk(chunk):
-        monkeypatch.setattr(decode, "PREFILL_CHUNK", chunk)
-        jax.clear_caches()
-
-    yield set_chunk
-    jax.clear_caches()
-
-
 @pytest.mark.parametrize("seed", range(3))
-def test_decoding_with_chunked_prefill_is_unchanged_and_lossless(set_prefill_chunk, seed):
+def test_decoding_with_chunked_prefill_is_unchanged_and_lossless(seed):
     rng = np.random.default_rng(seed)
     tcfg, tp = tiny_target(("dense", "moe", "llama")[seed], seed=seed, vocab=12)
     dcfg, dp = tiny_head(tcfg, seed=seed + 7, block_size=6)
     prompt, lens = random_prompts(rng, 3, 8, tcfg.vocab_size)
     runs = []
     for chunk in (3, 64):  # chunks of 3 tokens, then the 8-token prompts in one pass
-        set_prefill_chunk(chunk)
-        runs.append(run_both(tcfg, tp, dcfg, dp, prompt, lens, TreeSpec(16, 3)))
+        runs.append(run_both(tcfg, tp, dcfg, dp, prompt, lens, TreeSpec(16, 3),
+                             prefill_chunk=chunk))
     (ar, sd, _), (ar_one_pass, sd_one_pass, _) = runs
     assert_same(ar, sd)
     assert_same(ar, ar_one_pass)
     assert_same(sd, sd_one_pass)
+
+
+def test_the_prefill_chunk_is_a_static_argument_of_the_decoders():
+    """Changing it compiles another program (no stale trace is reused), for AR, JetSpec and
+    EAGLE-style decoding alike."""
+    tcfg, tp = tiny_target("dense", vocab=12)
+    dcfg, dp = tiny_head(tcfg, block_size=4)
+    ecfg = eagle.eagle_config_for(tcfg, num_taps=2, depth=3)
+    ep = init_params(eagle.eagle_specs(ecfg), jax.random.key(2))
+    prompt, lens = random_prompts(np.random.default_rng(0), 2, 9, tcfg.vocab_size)
+    kw = dict(max_new=4, sampler=Sampler(), stop_ids=(), num_slots=40)
+    lower = {
+        "ar": lambda c: ar_generate.lower(tp, prompt, lens, jax.random.key(0), cfg=tcfg,
+                                          prefill_chunk=c, **kw),
+        "spec": lambda c: spec_generate.lower(tp, dp, prompt, lens, jax.random.key(0), tcfg=tcfg,
+                                              dcfg=dcfg, tree_spec=TreeSpec(8, 3),
+                                              prefill_chunk=c, **kw),
+        "eagle": lambda c: eagle.eagle_generate.lower(tp, ep, prompt, lens, jax.random.key(0),
+                                                      tcfg=tcfg, ecfg=ecfg, budget=8, width=3,
+                                                      prefill_chunk=c, **kw),
+    }
+    for name, fn in lower.items():
+        one_pass, chunked = fn(64).as_text(), fn(4).as_text()
+        assert one_pass != chunked, name
+        assert chunked == fn(4).as_text(), name
 
 
 @pytest.mark.parametrize("chunk", [0, -4])

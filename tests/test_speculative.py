@@ -15,8 +15,8 @@ SLOTS = 320
 GREEDY = Sampler()
 
 
-def run_both(tcfg, tp, dcfg, dp, prompt, lens, tree_spec, stop_ids=()):
-    kw = dict(max_new=MAX_NEW, sampler=GREEDY, stop_ids=stop_ids, num_slots=SLOTS)
+def run_both(tcfg, tp, dcfg, dp, prompt, lens, tree_spec, stop_ids=(), **static):
+    kw = dict(max_new=MAX_NEW, sampler=GREEDY, stop_ids=stop_ids, num_slots=SLOTS, **static)
     ar = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, **kw)
     sd, stats = spec_generate(tp, dp, prompt, lens, jax.random.key(0), tcfg=tcfg, dcfg=dcfg,
                               tree_spec=tree_spec, **kw)

@@ -31,7 +31,7 @@ from jetspec_jax import draft_head, target
 from jetspec_jax.cache import KVCache, write_slots
 from jetspec_jax.checkpoint import carried_metadata, load_tree, save_tree
 from jetspec_jax.config import ModelConfig
-from jetspec_jax.decode import Output, check_capacity, prefill
+from jetspec_jax.decode import PREFILL_CHUNK, Output, check_capacity, prefill
 from jetspec_jax.layers import rms_norm, rope
 from jetspec_jax.params import ParamSpec, check_params, layer_specs
 from jetspec_jax.sampling import Sampler, choose_tokens
@@ -304,17 +304,19 @@ def eagle_round(tparams, tcfg, eparams, ecfg: EagleConfig, state: EagleState, *,
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "tcfg", "ecfg", "budget", "width", "max_new", "sampler", "stop_ids", "num_slots"))
+    "tcfg", "ecfg", "budget", "width", "max_new", "sampler", "stop_ids", "num_slots",
+    "prefill_chunk"))
 def eagle_generate(tparams, eparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
                    ecfg: EagleConfig, budget: int, width: int, max_new: int, sampler: Sampler,
-                   stop_ids: tuple[int, ...], num_slots: int) -> tuple[Output, SpecStats]:
+                   stop_ids: tuple[int, ...], num_slots: int,
+                   prefill_chunk: int = PREFILL_CHUNK) -> tuple[Output, SpecStats]:
     """Speculative decoding with the EAGLE-style head (float32 caches); outputs as `ar_generate`."""
     b, plen = prompt.shape
     d = ecfg.depth
     check_capacity(plen, max_new, budget + d + 1, tcfg.max_position_embeddings, num_slots)
     cache = target.allocate_cache(tcfg, b, num_slots, jnp.float32)
     logits, cache, ptaps = prefill(tparams, tcfg, prompt, prompt_lens, cache,
-                                   taps=ecfg.tap_layers)
+                                   taps=ecfg.tap_layers, chunk=prefill_chunk)
     key, sub = jax.random.split(key)
     first = choose_tokens(sub, logits, sampler)
     out = Output.empty(b, max_new + d + 1).append(first[:, None], jnp.ones((b,), jnp.int32),
