@@ -255,6 +255,8 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
     opts = decoding_options(budget=budget, width=width, tree=tree, draft_mode=draft_mode,
                             temperature=temperature, top_k=top_k, top_p=top_p,
                             attn_impl=attn_impl)
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be a whole number >= 1, got {prefill_chunk!r}")
     if draft is not None:
         check_fits(draft, target)
     ids = encode_prompts(target, prompts, chat=chat)

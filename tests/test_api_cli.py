@@ -310,6 +310,10 @@ def test_bad_draft_mode_and_budget_in_the_api(tiny, capsys, tmp_path):
     with pytest.raises(ValueError, match=r"unknown draft mode 'tree'; choose from \('per_depth', "
                        r"'path'\)"):
         api.generate(target, "w1", draft_mode="tree")
+    for chunk in (0, 2.5):
+        with pytest.raises(ValueError, match=f"prefill_chunk must be a whole number >= 1, got "
+                           f"{chunk}"):
+            api.generate(target, "w1", prefill_chunk=chunk)
     err = cli_error(capsys, "train-draft", "--data", tmp_path, "--out", tmp_path / "run",
                     "--prefix-fill", 2)
     assert "prefix_fill must be in [0, 1], got 2.0" in err
