@@ -251,12 +251,11 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
     ids; compare_autoregressive: also time autoregressive decoding of the same batch (with a
     draft only); mesh: where to decode (None: the target's mesh, or one device), a spec such
     as "tp=2" or a `Mesh`; prefill_chunk: prompt tokens per prefill pass (smaller: less memory
-    for long prompts in big batches)."""
+    for long prompts in big batches; `decode.prefill` refuses a bad one while tracing, before
+    anything compiles)."""
     opts = decoding_options(budget=budget, width=width, tree=tree, draft_mode=draft_mode,
                             temperature=temperature, top_k=top_k, top_p=top_p,
                             attn_impl=attn_impl)
-    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
-        raise ValueError(f"prefill_chunk must be a whole number >= 1, got {prefill_chunk!r}")
     if draft is not None:
         check_fits(draft, target)
     ids = encode_prompts(target, prompts, chat=chat)

@@ -28,8 +28,8 @@ def prefill(params, cfg: ModelConfig, prompt, prompt_lens, cache: KVCache, *,
 
     The prompt goes through the target `chunk` tokens at a time, each chunk seeing the slots of
     the ones before it: the same attention, less memory."""
-    if chunk < 1:
-        raise ValueError(f"prefill chunk must be >= 1 prompt tokens, got {chunk}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"prefill_chunk must be a whole number >= 1, got {chunk!r}")
     hidden, cache, tapped = _prefill_forward(params, cfg, prompt, cache, taps, attn_impl, chunk)
     last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)  # [B, 1, D]
     logits = target.lm_head(params, cfg, last)[:, 0]

@@ -89,5 +89,5 @@ def test_prefill_refuses_a_chunk_below_one_token(chunk):
     cfg, params = tiny_target("dense", vocab=20)
     prompt, lens = random_prompts(np.random.default_rng(0), 2, 6, cfg.vocab_size)
     cache = target.allocate_cache(cfg, 2, 16, jnp.float32)
-    with pytest.raises(ValueError, match="prefill chunk must be >= 1"):
+    with pytest.raises(ValueError, match=f"prefill_chunk must be a whole number >= 1, got {chunk}"):
         decode.prefill(params, cfg, prompt, lens, cache, chunk=chunk)
