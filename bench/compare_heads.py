@@ -451,9 +451,8 @@ def main():
     log(f"loaded target {args.model} and heads {', '.join(heads)}", t0)
 
     result = resume(out, command, {})
-    if other_dtype(result, args.dtype):
-        sys.exit(f"{out} holds {other_dtype(result, args.dtype)} results; a {args.dtype} run "
-                 "needs its own --out")
+    if stored := other_dtype(result, args.dtype):
+        sys.exit(f"{out} holds {stored} results; a {args.dtype} run needs its own --out")
     result.update(model=args.model, dtype=args.dtype, backend=jax.default_backend(),
                   device=jax.devices()[0].device_kind,
                   machine=f"{platform.machine()}, {os.cpu_count()} logical CPUs",

@@ -42,8 +42,9 @@ SETTINGS = {
 
 def child(args) -> None:
     """Builds random weights (args.dtype) of the preset and a 2-layer head (the shipped head's
-    shape), then lowers and compiles `spec_generate` and `ar_generate` once each, printing one JSON line
-    per step as it ends, so that a setting cut by its timeout still tells where it was."""
+    shape), then lowers and compiles `spec_generate` and `ar_generate` once each, printing one
+    JSON line per step as it ends, so that a setting cut by its timeout still tells where it
+    was."""
     import jax
     import jax.numpy as jnp
 
