@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -117,7 +118,8 @@ def plot(results: list[dict], labels: list[str], out: Path) -> None:
     ax_sp.set(ylabel="speedup: AR seconds / speculative seconds",
               title="Wall-clock speedup over autoregressive decoding (1 = AR)")
     model = results[0].get("model", "?")
-    fig.suptitle(f"Draft heads on {model}: " + ", ".join(labels), fontsize=13)
+    # The line styles' legend names each run; the title only has to fit the figure.
+    fig.suptitle(textwrap.fill(f"Draft heads on {model}: " + ", ".join(labels), 110), fontsize=13)
     handles += file_handles
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.01 + 0.045 * ((len(handles) + 1) // 2), 1, 1))
