@@ -18,6 +18,7 @@ out=.carry
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/extras" "$tmp/pkgs"
+bytes() { find "$@" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}'; }  # files' sizes
 
 # Room per call: 64 MiB less the tracked tree, less 200 kB of slack.
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
@@ -39,7 +40,7 @@ done
 tar czf "$tmp/extras/pkgs.tgz" -C "$tmp/pkgs" .
 
 total=$(stat -c %s "$tmp/gguf.xz")
-extras=$(du -cb "$tmp"/extras/* | tail -1 | cut -f1)
+extras=$(bytes "$tmp/extras")
 parts=$(( (total + extras + room - 1) / room ))
 sum=$(md5sum < "$tmp/gguf.xz" | cut -d' ' -f1)
 rm -rf "$out"/model[0-9]*
@@ -57,7 +58,7 @@ done
 cp "$tmp"/extras/* "$out/model1/"
 [ "$offset" -eq "$total" ] || { echo "error: split $offset of $total bytes" >&2; exit 1; }
 for d in "$out"/model[0-9]*; do
-  size=$(find "$d" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
+  size=$(bytes "$d")
   echo "$d: $size bytes (room $room)"
   [ "$size" -le "$room" ] || { echo "error: $d does not fit beside the tree" >&2; exit 1; }
 done
