@@ -26,8 +26,12 @@ SUPPORTED_ARCHITECTURES = {
 # (NVIDIA GPU: split-K weight streaming for M <= 32 rows, per pair for few MoE pairs, expert-
 # major for many), XLA elsewhere; "tuned" the dense kernel only for the shapes where this
 # device's table (pallas_kernels/gemv/tuned_<gpu>.json) says it beats XLA, the MoE kernels as
-# "pallas"; "pallas_interpret" the kernels in interpret mode (CPU tests).
-MATMUL_IMPLS = ("auto", "xla", "pallas", "tuned", "pallas_interpret")
+# "pallas"; "pallas_interpret" the kernels in interpret mode (CPU tests); "fused" one-token
+# decode layers as four kernels, each a projection group with its RMSNorm and its SwiGLU or
+# residual add (`pallas_kernels.gemv.fused_gemv`; NVIDIA GPU), every other projection as
+# "xla" and MoE experts as "pallas"; "fused_interpret" those kernels in interpret mode.
+FUSED_MATMULS = ("fused", "fused_interpret")
+MATMUL_IMPLS = ("auto", "xla", "pallas", "tuned", "pallas_interpret") + FUSED_MATMULS
 
 
 class ConfigError(ValueError):

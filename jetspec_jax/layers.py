@@ -8,6 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jetspec_jax.config import FUSED_MATMULS
 from pallas_kernels.gemv import grouped_matmul_sorted, grouped_small_m_matmul, small_m_matmul
 
 
@@ -35,8 +36,9 @@ def project(eq, x, w, matmul_impl="xla", out_dtype=None):
     """A dense projection `einsum(eq, x, w)` whose contracted axes are x's last and w's first
     (e.g. "BTNH,NHD->BTD"). matmul_impl (`ModelConfig.matmul_impl`) other than "xla" runs it
     as x [M, K] @ w [K, N] through `pallas_kernels.gemv`: the kernel where it serves, or for
-    "tuned" only where this device's table says it beats XLA."""
-    if matmul_impl == "xla":
+    "tuned" only where this device's table says it beats XLA. The fused impls run `target`'s
+    one-token layers in their own kernels and every other projection here as "xla"."""
+    if matmul_impl == "xla" or matmul_impl in FUSED_MATMULS:
         return jnp.einsum(eq, x, w, preferred_element_type=out_dtype)
     x_axes, rest = eq.split(",")
     w_axes, out_axes = rest.split("->")

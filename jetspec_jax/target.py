@@ -8,13 +8,16 @@ Decoding, prefill, tree verification and training all go through it.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from jetspec_jax.cache import KVCache, write_slots
-from jetspec_jax.config import ModelConfig
+from jetspec_jax.config import FUSED_MATMULS, ModelConfig
 from jetspec_jax.layers import moe, project, rms_norm, rope, swiglu
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
+from pallas_kernels.gemv import fused_gemv
 from pallas_kernels.tree_attention import cache_attention
 
 # attn_impl values the model adds to the cache-attention ones: one decode token per sequence
@@ -54,12 +57,20 @@ def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_s
     q = project("BTD,DNH->BTNH", x, p["q"], cfg.matmul)
     k = project("BTD,DKH->BTKH", x, p["k"], cfg.matmul)
     v = project("BTD,DKH->BTKH", x, p["v"], cfg.matmul)
+    out, k_cache, v_cache = attend(p, cfg, q, k, v, positions, k_cache, v_cache, write_start,
+                                   block_mask, attn_impl)
+    return project("BTNH,NHD->BTD", out, p["o"], cfg.matmul), k_cache, v_cache
+
+
+def attend(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, write_start,
+           block_mask, attn_impl):
+    """The projections q [B, T, N, H], k, v [B, T, KV, H] -> (attention output [B, T, N, H],
+    caches with the new K/V written): q/k norms, RoPE, cache write and cache attention."""
     if runs_fused(attn_impl):
         fused = _fused_decode(p, cfg, q, k, v, positions, k_cache, v_cache, write_start,
                               interpret=attn_impl == "fused_interpret")
         if fused is not None:
-            out, k_cache, v_cache = fused
-            return project("BTNH,NHD->BTD", out, p["o"], cfg.matmul), k_cache, v_cache
+            return fused
         attn_impl = cache_impl(attn_impl)
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
@@ -68,8 +79,8 @@ def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_s
     k = rope(k, positions, cfg.rope_theta)
     k_cache = write_slots(k_cache, k, write_start)
     v_cache = write_slots(v_cache, v, write_start)
-    out = cache_attention(q, k_cache, v_cache, write_start, block_mask, impl=attn_impl)
-    return project("BTNH,NHD->BTD", out, p["o"], cfg.matmul), k_cache, v_cache
+    return cache_attention(q, k_cache, v_cache, write_start, block_mask, impl=attn_impl), \
+        k_cache, v_cache
 
 
 def _fused_decode(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, write_start, *,
@@ -95,6 +106,47 @@ def mlp_block(p, cfg: ModelConfig, x):
     return swiglu(x, p["gate"], p["up"], p["down"], cfg.matmul)
 
 
+def decoder_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start, block_mask,
+                  attn_impl):
+    """One layer over the residual stream x [B, T, D] -> (x, k_cache, v_cache). With
+    matmul "fused" a one-token step runs as fused projection kernels where they serve."""
+    if cfg.matmul in FUSED_MATMULS and x.shape[1] == 1:
+        try:
+            return _fused_gemv_layer(p, cfg, x, positions, k_cache, v_cache, write_start,
+                                     block_mask, attn_impl)
+        except NotImplementedError:
+            pass
+    eps = cfg.rms_norm_eps
+    h, k_cache, v_cache = attention_block(p, cfg, rms_norm(x, p["attn_norm"], eps), positions,
+                                          k_cache, v_cache, write_start, block_mask, attn_impl)
+    x = x + h
+    return x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], eps)), k_cache, v_cache
+
+
+def _fused_gemv_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start,
+                      block_mask, attn_impl):
+    """A one-token layer in four projection kernels (`fused_gemv`): attention norm + q/k/v,
+    o + residual, MLP norm + gate/up + SwiGLU, down + residual (a MoE MLP runs unfused).
+    Raises NotImplementedError (before anything is emitted) where the kernel cannot serve."""
+    b, _, d = x.shape
+    gemv = functools.partial(fused_gemv, eps=cfg.rms_norm_eps,
+                             interpret=cfg.matmul == "fused_interpret")
+    rows = x.reshape(b, d)
+    q, k, v = gemv(rows, [p[n].reshape(d, -1) for n in ("q", "k", "v")], p["attn_norm"])
+    heads = lambda t, n: t.reshape(b, 1, n, cfg.head_dim)  # noqa: E731
+    out, k_cache, v_cache = attend(
+        p, cfg, heads(q, cfg.num_heads), heads(k, cfg.num_kv_heads), heads(v, cfg.num_kv_heads),
+        positions, k_cache, v_cache, write_start, block_mask, attn_impl)
+    (rows,) = gemv(out.reshape(b, -1), [p["o"].reshape(-1, d)], residual=rows)
+    if "router" in p:
+        x = rows.reshape(b, 1, d)
+        return x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)), \
+            k_cache, v_cache
+    (act,) = gemv(rows, [p["gate"], p["up"]], p["mlp_norm"], swiglu=True)
+    (rows,) = gemv(act, [p["down"]], residual=rows)
+    return rows.reshape(b, 1, d), k_cache, v_cache
+
+
 def forward(params, cfg: ModelConfig, tokens, positions, cache: KVCache, write_start,
             block_mask=None, *, taps: tuple[int, ...] = (), attn_impl: str = "reference"):
     """Runs the target over T new tokens per sequence.
@@ -109,11 +161,8 @@ def forward(params, cfg: ModelConfig, tokens, positions, cache: KVCache, write_s
     new_k, new_v, tapped = [], [], {}
     for i, p in enumerate(params["layers"]):
         with jax.named_scope(f"layer_{i}"):
-            h, kc, vc = attention_block(
-                p, cfg, rms_norm(x, p["attn_norm"], cfg.rms_norm_eps), positions,
-                cache.k[i], cache.v[i], write_start, block_mask, attn_impl)
-            x = x + h
-            x = x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
+            x, kc, vc = decoder_layer(p, cfg, x, positions, cache.k[i], cache.v[i],
+                                      write_start, block_mask, attn_impl)
         new_k.append(kc)
         new_v.append(vc)
         if i in taps:

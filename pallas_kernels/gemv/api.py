@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from pallas_kernels import common
 from pallas_kernels.gemv.config import tuned_gemv_config
 from pallas_kernels.gemv.expert_major import grouped_matmul_sorted_pallas
+from pallas_kernels.gemv.fused import fused_gemv_pallas
 from pallas_kernels.gemv.grouped import grouped_small_m_matmul_pallas
 from pallas_kernels.gemv.kernel import MAX_ROWS, small_m_matmul_pallas
 
@@ -75,6 +76,18 @@ def small_m_matmul(x, w, *, impl: str = "auto", interpret: bool = False, config=
         lambda: small_m_matmul_pallas(x, w, out_dtype=out_dtype, config=config,
                                       interpret=interpret),
         lambda: _xla(x, w, out_dtype), interpret)
+
+
+def fused_gemv(x, weights, norm_weight=None, residual=None, *, eps: float = 1e-6,
+               swiglu: bool = False, interpret: bool = False, config=None):
+    """A decode layer's projection group in one kernel (`fused.fused_gemv_pallas`: optional
+    RMSNorm of x, several weights, SwiGLU or residual epilogue) -> a tuple of outputs, on an
+    NVIDIA GPU or with interpret=True. Raises NotImplementedError elsewhere and for operands
+    the kernel cannot serve: the caller runs the unfused layer instead."""
+    if not (interpret or _on_nvidia_gpu()):
+        raise NotImplementedError("fused GEMV kernel: needs an NVIDIA GPU or interpret=True")
+    return fused_gemv_pallas(x, tuple(weights), norm_weight, residual, eps=eps, swiglu=swiglu,
+                             config=config, interpret=interpret)
 
 
 def grouped_small_m_matmul(x, w, experts, *, impl: str = "auto", interpret: bool = False,
