@@ -92,9 +92,10 @@ def bench_jax(args):
     return {"stream_bw": stream_bw, "copy_bw": copy_bw, "rows": rows}
 
 
-def random_params(specs):
-    """Random bf16 weights made leaf by leaf on the device (one small compiled generator per
-    shape; a single jit over a 60 GB tree compiles for minutes)."""
+def random_params(specs, dtype="bfloat16"):
+    """Random weights (dtype) made leaf by leaf on the device (one small compiled generator per
+    shape; a single jit over a 60 GB tree compiles for minutes, and even SmolLM2's whole
+    init took 220 s to compile on the H200 with the compilation cache off)."""
     import jax
     import jax.numpy as jnp
 
@@ -103,8 +104,8 @@ def random_params(specs):
     @functools.partial(jax.jit, static_argnames=("shape", "ones"))
     def make(key, shape, ones):
         if ones:
-            return jnp.ones(shape, jnp.bfloat16)
-        return (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(jnp.bfloat16)
+            return jnp.ones(shape, dtype)
+        return (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
     leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
     keys = jax.random.split(jax.random.key(0), len(leaves))

@@ -193,8 +193,8 @@ def bench_decode_steps(models, args):
         jax.block_until_ready(params)
         print(f"{name}: random weights in {time.perf_counter() - t:.1f} s", flush=True)
         for impl in impls:
-            if impl == "pallas" and args.interpret:
-                impl = "pallas_interpret"
+            if args.interpret:  # CPU: the kernels in interpret mode
+                impl = {"pallas": "pallas_interpret", "fused": "fused_interpret"}.get(impl, impl)
             try:
                 row = time_model(cfg.replace(matmul_impl=impl), params, args.context,
                                  args.attn_impl, PEAK_TBPS * 1e12)
@@ -297,6 +297,19 @@ def report(result):
     print("\n".join(lines))
 
 
+def add_timing_options(parser, decode):
+    """The options this bench shares with bench_fused_gemv: timing loop lengths and the decode
+    steps (decode: model -> matmul_impls)."""
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--attn-impl", default="auto")
+    parser.add_argument("--no-decode", action="store_true", help="per-shape sweep only")
+    parser.add_argument("--decode-only", action="store_true", help="decode steps only")
+    parser.add_argument("--decode-models", nargs="+", default=list(decode),
+                        help=f"models of the decode steps, of {list(decode)}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -308,15 +321,8 @@ def main():
     parser.add_argument("--stack-gb", type=float, default=1.1, help="weights read per rep")
     parser.add_argument("--max-stack-gb", type=float, default=8.0, help="weights allocated")
     parser.add_argument("--max-layers", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--budget-s", type=float, default=210, help="for the shape sweep")
-    parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--attn-impl", default="auto")
-    parser.add_argument("--no-decode", action="store_true", help="shape sweep only")
-    parser.add_argument("--decode-only", action="store_true", help="decode steps only")
-    parser.add_argument("--decode-models", nargs="+", default=list(DECODE),
-                        help=f"models of the decode steps, of {list(DECODE)}")
+    add_timing_options(parser, DECODE)
     parser.add_argument("--write-table", default=None,
                         help="write the tuned table (dense shapes where the kernel won) here")
     parser.add_argument("--margin", type=float, default=0.03,

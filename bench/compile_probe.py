@@ -48,6 +48,7 @@ def child(args) -> None:
     import jax
     import jax.numpy as jnp
 
+    from bench_decode import random_params
     from jetspec_jax import api, config, draft_head, params as P
     from jetspec_jax.decode import ar_generate
     from jetspec_jax.sampling import Sampler
@@ -58,10 +59,9 @@ def child(args) -> None:
     dtype = jnp.dtype(args.dtype)
     api.exact_float32(dtype)  # float32 at `highest`, as compare_heads runs it
     tcfg = config.preset(args.model)
-    tp = jax.jit(lambda k: P.init_params(P.target_specs(tcfg), k, dtype))(jax.random.key(0))
+    tp = random_params(P.target_specs(tcfg), dtype)
     dcfg = draft_head.draft_config_for(tcfg, num_layers=2, block_size=16, num_taps=3)
-    dp = jax.jit(lambda k: P.init_params(draft_head.draft_specs(dcfg), k, dtype))(
-        jax.random.key(1))
+    dp = random_params(draft_head.draft_specs(dcfg), dtype)
     prompt = jnp.zeros((args.batch, args.prompt_len), jnp.int32)
     lens = jnp.full((args.batch,), args.prompt_len, jnp.int32)
     common = dict(max_new=args.max_new, sampler=Sampler(), stop_ids=(), cache_dtype=dtype,

@@ -85,3 +85,26 @@ def test_memory_probe_shows_chunked_prefill_needs_less(tmp_path):
     assert (one_pass["prefill_chunk"], chunked["prefill_chunk"]) == (1000, 16)
     assert 0 < chunked["temp_bytes"] < one_pass["temp_bytes"]
     assert one_pass["kv_cache_bytes"] == chunked["kv_cache_bytes"] > 0
+
+
+def test_bench_fused_gemv_and_xla_flags_quick(tmp_path):
+    """The fused-projection bench checks, sweeps, writes the table its decode steps read and
+    times both impls; the flags driver runs it once per flag set in its own process."""
+    out, table = tmp_path / "fused.json", tmp_path / "table.json"
+    run_script("bench/bench_fused_gemv.py", "--quick", "--out", str(out),
+               "--write-table", str(table))
+    result = json.loads(out.read_text())
+    assert result["checks"] and all(c["ok"] for c in result["checks"]), result["checks"]
+    assert {r["impl"] for r in result["rows"]} == {"xla", "pallas"}
+    entries = json.loads(table.read_text())["entries"]
+    assert {e["group"] for e in entries} == {r["group"] for r in result["rows"]}
+    assert all(e["kernel"] == "fused_gemv" and e["config"]["block_k"] for e in entries)
+    assert {(r["model"], r["matmul_impl"]) for r in result["decode"] if "ms_per_token" in r} == {
+        ("tiny-dense", "xla"), ("tiny-dense", "fused_interpret"),
+        ("tiny-moe", "pallas_interpret"), ("tiny-moe", "fused_interpret")}
+
+    flags = tmp_path / "flags.json"
+    run_script("bench/bench_xla_flags.py", "--quick", "--sets", "pdl", "--out", str(flags))
+    (row,) = json.loads(flags.read_text())["rows"]
+    assert row["rc"] == 0 and "--xla_gpu_enable_pdl=true" in row["flags"]
+    assert len([r for r in row["decode"] if "ms_per_token" in r]) == 4
