@@ -36,11 +36,14 @@ from bench_gemv_pallas import PEAK_TBPS, add_timing_options, bench_decode_steps 
 from results_io import command_line, write_json  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
-# name -> (K, output widths, norm, residual, swiglu): the groups of a Qwen3-8B layer.
+# name -> (K, output widths, norm, residual, swiglu): the groups of a Qwen3-8B layer. swiglu
+# True: gate and up read by one program, SiLU x up in the kernel; "after": gate and up as two
+# outputs (one weight a program, as q/k/v), SiLU x up in XLA (the split-K epilogue's fusion).
 GROUPS = {
     "norm+qkv": (4096, (4096, 1024, 1024), True, False, False),
     "o+res": (4096, (4096,), False, True, False),
     "norm+gate/up+swiglu": (4096, (12288, 12288), True, False, True),
+    "norm+gate,up (swiglu after)": (4096, (12288, 12288), True, False, "after"),
     "down+res": (12288, (4096,), False, True, False),
 }
 QUICK_GROUPS = {"norm+qkv": (128, (64, 32, 32), True, False, False),
@@ -55,11 +58,11 @@ def sweep_configs(k, widths, swiglu, limit):
     streamed best in the first sweep on the H200), and one without."""
     from pallas_kernels.gemv.fused import FusedGemvConfig, _segments, fused_config
 
-    base = fused_config(k, _segments(widths, swiglu, 64)[1])
+    base = fused_config(k, _segments(widths, swiglu, 128)[1])
     cands = [base] + [FusedGemvConfig(bk, bn, num_stages=st, num_splits=sp)
-                      for bk, bn, sp, st in ((256, 64, 2, 4), (128, 64, 2, 4), (128, 128, 4, 3),
-                                             (256, 128, 2, 3), (256, 64, 4, 4), (256, 64, 1, 4),
-                                             (512, 64, 2, 3), (256, 64, 2, 3), (128, 128, 8, 3),
+                      for bk, bn, sp, st in ((256, 64, 2, 4), (128, 128, 4, 3), (128, 128, 8, 3),
+                                             (256, 64, 2, 3), (128, 64, 2, 4), (256, 128, 2, 3),
+                                             (256, 64, 4, 4), (256, 64, 1, 4), (512, 64, 2, 3),
                                              (256, 128, 4, 4), (256, 64, 3, 4))]
     out = []
     for c in cands:
@@ -80,10 +83,25 @@ def best_table(rows, groups, device):
             continue
         best = min(kern, key=lambda r: r["us"])
         k, widths, norm, residual, swiglu = groups[group]
-        entries.append({**table_key(m, k, widths, norm=norm, residual=residual, swiglu=swiglu,
+        entries.append({**table_key(m, k, widths, norm=norm, residual=residual,
+                                    swiglu=swiglu is True,
                                     dtype="bfloat16"), "group": group, "config": best["config"],
                         "us": best["us"], "pct_peak": best.get("pct_peak")})
     return {"device": device, "source": "bench/bench_fused_gemv.py", "entries": entries}
+
+
+def merged_table(path, new):
+    """`new` with the entries of the table already at path whose keys it does not replace."""
+    try:
+        old = json.loads(Path(path).read_text()).get("entries", [])
+    except (OSError, ValueError):
+        old = []
+    from pallas_kernels.gemv.fused import KEY_FIELDS
+
+    key = lambda e: tuple(json.dumps(e.get(f)) for f in KEY_FIELDS)  # noqa: E731
+    fresh = {key(e) for e in new["entries"]}
+    new["entries"] = [e for e in old if key(e) not in fresh] + new["entries"]
+    return new
 
 
 def chained(fn, num_weights):
@@ -109,6 +127,13 @@ def chained(fn, num_weights):
     return run
 
 
+def silu_after(swiglu, outs):
+    """The model's SiLU x up over the kernel's gate and up outputs for swiglu="after"."""
+    import jax
+
+    return (jax.nn.silu(outs[0]) * outs[1],) if swiglu == "after" else outs
+
+
 def check_group(name, k, widths, norm, residual, swiglu, m, interpret):
     """Max relative error of the default-config kernel against a float32 reference."""
     import jax
@@ -123,6 +148,7 @@ def check_group(name, k, widths, norm, residual, swiglu, m, interpret):
           for kk, n in zip(keys[3:], widths)]
     g = (1 + 0.1 * jax.random.normal(keys[1], (k,))).astype(jnp.bfloat16) if norm else None
     r = jax.random.normal(keys[2], (m, widths[0]), jnp.bfloat16) if residual else None
+    swiglu = swiglu is True  # "after": the kernel's two outputs are checked
     got = fused_gemv_pallas(x, ws, g, r, swiglu=swiglu, interpret=interpret)
     f32 = lambda a: None if a is None else a.astype(jnp.float32)  # noqa: E731
     with jax.default_matmul_precision("highest"):
@@ -149,7 +175,7 @@ def bench_group(name, spec, ms, args, deadline, rows):
         x = jax.random.normal(keys[-1], (m, k), jnp.bfloat16)
         r = jax.random.normal(keys[-2], (m, widths[0]), jnp.bfloat16) if residual else None
         variants = [("xla", None)] + [("pallas", c) for c in
-                                      sweep_configs(k, widths, swiglu, args.sweep)]
+                                      sweep_configs(k, widths, swiglu is True, args.sweep)]
         for i, (impl, cfg) in enumerate(variants):
             if time.perf_counter() > deadline:
                 print(f"budget spent: skipping {name} M={m} from variant {i}", flush=True)
@@ -159,10 +185,10 @@ def bench_group(name, spec, ms, args, deadline, rows):
                    "layers": args.layers}
             if impl == "xla":
                 fn = lambda x, ws, g, r: fused_gemv_reference(  # noqa: E731
-                    x, ws, g, r, swiglu=swiglu)
+                    x, ws, g, r, swiglu=bool(swiglu))
             else:
-                fn = lambda x, ws, g, r, cfg=cfg: fused_gemv_pallas(  # noqa: E731
-                    x, ws, g, r, swiglu=swiglu, config=cfg, interpret=args.interpret)
+                fn = lambda x, ws, g, r, cfg=cfg: silu_after(swiglu, fused_gemv_pallas(  # noqa
+                    x, ws, g, r, swiglu=swiglu is True, config=cfg, interpret=args.interpret))
             try:
                 run = chained(fn, len(widths))
                 t = time.perf_counter()
@@ -223,6 +249,7 @@ def main():
     parser.add_argument("--sweep", type=int, default=12, help="kernel configs per group and M")
     parser.add_argument("--layers", type=int, default=36)
     parser.add_argument("--budget-s", type=float, default=150, help="for the group sweep")
+    parser.add_argument("--groups", nargs="+", default=list(GROUPS), choices=list(GROUPS))
     add_timing_options(parser, DECODE)
     parser.add_argument("--write-table", default=None,
                         help="write the best config per group here before the decode steps "
@@ -234,7 +261,8 @@ def main():
     from pallas_kernels import common
 
     args.interpret = jax.default_backend() != "gpu"
-    groups, decode_models = GROUPS, {m: DECODE[m] for m in args.decode_models}
+    groups = {g: GROUPS[g] for g in args.groups}
+    decode_models = {m: DECODE[m] for m in args.decode_models}
     if args.quick:
         groups, decode_models = QUICK_GROUPS, QUICK_DECODE
         args.sweep, args.layers, args.reps, args.repeats, args.context = 2, 2, 3, 2, 16
@@ -255,7 +283,8 @@ def main():
         for name, spec in groups.items():
             bench_group(name, spec, args.ms, args, deadline, rows)
     if args.write_table and rows:
-        write_json(args.write_table, best_table(rows, groups, str(jax.devices()[0].device_kind)))
+        write_json(args.write_table, merged_table(
+            args.write_table, best_table(rows, groups, str(jax.devices()[0].device_kind))))
         common.load_tuned.cache_clear()  # the decode steps read the new table
         jax.clear_caches()
     decode = [] if args.no_decode else bench_decode_steps(decode_models, args)

@@ -97,12 +97,12 @@ def test_api_needs_a_gpu_or_interpret():
     np.testing.assert_allclose(fused_gemv(x, ws, interpret=True)[0], x @ ws[0], rtol=1e-5)
 
 
-def test_default_config_gives_two_programs_per_sm():
-    """Qwen3-8B on 132 SMs with 64-column strips: q/k/v (96 strips) split K in 3, gate/up
-    (192 strips) in 2; never more splits than K blocks."""
-    assert fused_config(4096, 96, sms=132) == FusedGemvConfig(256, 64, num_splits=3)
-    assert fused_config(4096, 192, sms=132).num_splits == 2
-    assert fused_config(300, 1, sms=132) == FusedGemvConfig(256, 64, num_splits=2)
+def test_default_config_gives_about_three_programs_per_sm():
+    """Qwen3-8B on 132 SMs with 128-column strips: q/k/v (48 strips) split K in 8 (the cap),
+    gate and up (192 strips) in 3; never more splits than K blocks."""
+    assert fused_config(4096, 48, sms=132) == FusedGemvConfig(128, 128, num_splits=8)
+    assert fused_config(4096, 192, sms=132).num_splits == 3
+    assert fused_config(300, 1, sms=132) == FusedGemvConfig(128, 128, num_splits=3)
 
 
 def test_tuned_table_entry_serves_matching_calls(tmp_path):

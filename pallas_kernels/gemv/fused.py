@@ -10,14 +10,16 @@ projection group of a layer in one launch:
                      the row's 1/rms at the end: (x * g) @ W * rstd, the same product as
                      (x * rstd * g) @ W up to rounding.
   several weights    q, k and v (or any weights sharing x) in one grid, one output each.
-  swiglu epilogue    gate and up read by the same program: silu(x @ gate) * (x @ up).
+  swiglu epilogue    gate and up read by the same program: silu(x @ gate) * (x @ up). The
+                     model does not use it: gate and up as two outputs with SiLU x up in
+                     the split-K epilogue streamed faster on the H200 (77% against 72%).
   residual epilogue  residual + x @ W, in the residual's dtype.
 
 Without split-K the epilogues run in the kernel. With split-K the kernel writes float32
 partials (and the partial sums of x^2) and one XLA fusion finishes them with the same epilogue
 code. On the H200 split-K won every group (narrow strips without it streamed at ~55%), so in
 practice the epilogues run in XLA and the fusion that remains is the norm and the launches.
-Measured against XLA on the whole Qwen3-8B step this loses (5.03 against 4.83 ms:
+Measured against XLA on the whole Qwen3-8B step this loses (4.88 against 4.72 ms:
 docs/benchmarks.md), so the model runs it only on request (`matmul_impl="fused"`).
 
 Weights are [K, N] row-major (N contiguous), as the model stores them; x is [M, K], M <= 32.
@@ -47,30 +49,34 @@ class FusedGemvConfig:
     """block_k x block_n: the weight tile one loop step loads (powers of two, >= 16).
     num_splits: split-K factor (1: the epilogue runs in the kernel; None: automatic)."""
 
-    block_k: int = 256
-    block_n: int = 64
+    block_k: int = 128
+    block_n: int = 128
     num_warps: int = 4
-    num_stages: int = 4
+    num_stages: int = 3
     num_splits: int | None = None
 
 
-def fused_config(k: int, strips: int, *, block_n: int = 64, sms: int | None = None
+def fused_config(k: int, strips: int, *, block_n: int = 128, sms: int | None = None
                  ) -> FusedGemvConfig:
-    """Default config: [256, block_n] tiles and K split so that there are about two programs
-    per SM (strips: the grid's column strips at block_n). On the H200 narrower strips without
-    split-K streamed far slower (53% of 4.25 TB/s for [12288, 4096] at 16 columns against 82%
-    at 64 columns and 2 splits: bench/results/fused_gemv_h200_2026-11-30.json)."""
+    """Default config: [128, block_n] tiles, 3 stages, K split for about three programs per SM
+    (at most 8 splits; strips: the grid's column strips at block_n). On the H200 the best
+    configs of the Qwen3-8B groups were 128x128 with 4-8 splits or 256x64 with 2; narrow
+    strips without split-K streamed at about half the bandwidth (53% for [12288, 4096] at 16
+    columns against 82% at 64 columns and 2 splits): bench/results/fused_gemv*_h200_2026-11-30."""
     sms = common.num_sms() if sms is None else sms
-    block_k = min(256, max(16, common.next_pow2(k)))
-    splits = min(common.cdiv(2 * sms, strips), common.cdiv(k, block_k))
+    block_k = min(128, max(16, common.next_pow2(k)))
+    splits = min(common.cdiv(3 * sms, strips), 8, common.cdiv(k, block_k))
     return FusedGemvConfig(block_k=block_k, block_n=block_n, num_splits=max(1, splits))
 
 
+KEY_FIELDS = ("kernel", "M", "K", "widths", "norm", "residual", "swiglu", "dtype")
+
+
 def table_key(m: int, k: int, widths, *, norm: bool, residual: bool, swiglu: bool, dtype):
-    """What a tuned-table entry must match: the operands' shapes (M rounded up to a power
-    of two), the prologue and epilogue, and the dtype."""
-    return dict(kernel="fused_gemv", M=common.next_pow2(m), K=k, widths=list(widths),
-                norm=norm, residual=residual, swiglu=swiglu, dtype=str(jnp.dtype(dtype)))
+    """What a tuned-table entry must match (KEY_FIELDS): the operands' shapes (M rounded up to
+    a power of two), the prologue and epilogue, and the dtype."""
+    return dict(zip(KEY_FIELDS, ("fused_gemv", common.next_pow2(m), k, list(widths), norm,
+                                 residual, swiglu, str(jnp.dtype(dtype)))))
 
 
 def table_path() -> Path | None:
@@ -228,7 +234,7 @@ def fused_gemv_pallas(x, weights, norm_weight=None, residual=None, *, eps: float
             m, k, widths, norm=norm_weight is not None, residual=residual is not None,
             swiglu=swiglu, dtype=x.dtype))
     if config is None:
-        config = fused_config(k, _segments(widths, swiglu, 64)[1])
+        config = fused_config(k, _segments(widths, swiglu, 128)[1])
     why = problem(x, weights, norm_weight, residual, swiglu, config)
     if why is not None:
         raise NotImplementedError(f"fused GEMV kernel: {why}")
