@@ -27,9 +27,10 @@ SUPPORTED_ARCHITECTURES = {
 # major for many), XLA elsewhere; "tuned" the dense kernel only for the shapes where this
 # device's table (pallas_kernels/gemv/tuned_<gpu>.json) says it beats XLA, the MoE kernels as
 # "pallas"; "pallas_interpret" the kernels in interpret mode (CPU tests); "fused" one-token
-# decode layers as four kernels, each a projection group with its RMSNorm and its SwiGLU or
-# residual add (`pallas_kernels.gemv.fused_gemv`; NVIDIA GPU), every other projection as
-# "xla" and MoE experts as "pallas"; "fused_interpret" those kernels in interpret mode.
+# decode layers as four kernels, each a projection group with its RMSNorm or residual add
+# folded in (`pallas_kernels.gemv.fused_gemv`; NVIDIA GPU; opt-in: 3% slower than "xla" on
+# the H200's Qwen3-8B step), every other projection as "xla" and MoE experts as "pallas";
+# "fused_interpret" those kernels in interpret mode.
 FUSED_MATMULS = ("fused", "fused_interpret")
 MATMUL_IMPLS = ("auto", "xla", "pallas", "tuned", "pallas_interpret") + FUSED_MATMULS
 
