@@ -36,7 +36,8 @@ def project(eq, x, w, matmul_impl="xla", out_dtype=None):
     """A dense projection `einsum(eq, x, w)` whose contracted axes are x's last and w's first
     (e.g. "BTNH,NHD->BTD"). matmul_impl (`ModelConfig.matmul_impl`) other than "xla" runs it
     as x [M, K] @ w [K, N] through `pallas_kernels.gemv`: the kernel where it serves, or for
-    "tuned" only where this device's table says it beats XLA. The fused impls run `target`'s
+    "tuned" only where this device's table says it beats XLA, for "mosaic" the Mosaic GPU
+    kernel ("_interpret": in interpret mode). The fused impls run `target`'s
     one-token layers in their own kernels and every other projection here as "xla"."""
     if matmul_impl == "xla" or matmul_impl in FUSED_MATMULS:
         return jnp.einsum(eq, x, w, preferred_element_type=out_dtype)
@@ -46,9 +47,10 @@ def project(eq, x, w, matmul_impl="xla", out_dtype=None):
     if x_axes[-c:] != w_axes[:c] or out_axes != x_axes[:-c] + w_axes[c:]:
         raise ValueError(f"project: {eq} is not x's trailing axes against w's leading ones")
     lead, tail = x.shape[:-c], w.shape[c:]
+    base = matmul_impl.removesuffix("_interpret")
     y = small_m_matmul(x.reshape(math.prod(lead), -1), w.reshape(-1, math.prod(tail)),
-                       impl="tuned" if matmul_impl == "tuned" else "auto",
-                       interpret=matmul_impl == "pallas_interpret", out_dtype=out_dtype)
+                       impl=base if base in ("tuned", "mosaic") else "auto",
+                       interpret=matmul_impl.endswith("_interpret"), out_dtype=out_dtype)
     return y.reshape(lead + tail)
 
 

@@ -34,3 +34,24 @@ def tree_equal(a, b):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         assert x.dtype == y.dtype and x.shape == y.shape
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def count_eqns(fn, *args, primitive: str = "pallas_call", name: str | None = None) -> int:
+    """How many `primitive` equations `fn(*args)` runs (pallas_call: those whose kernel name
+    contains `name`, if given), counted per call site through nested jaxprs (jit, loops,
+    conds). Mosaic GPU kernels in interpret mode trace to their body: count e.g. "wgmma_ref"."""
+    closed = jax.make_jaxpr(fn)(*args)
+
+    def count(jaxpr):
+        n = 0
+        for eqn in jaxpr.eqns:
+            n += eqn.primitive.name == primitive and (
+                name is None or name in str(eqn.params.get("name")))
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else [value]:
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        n += count(inner)
+        return n
+
+    return count(closed.jaxpr)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import random_prompts, tiny_target
+from helpers import count_eqns, random_prompts, tiny_target
 from jetspec_jax import target
 from jetspec_jax.decode import ar_generate
 from jetspec_jax.sampling import Sampler
@@ -136,25 +136,11 @@ def test_lowers_for_h200(widths, k, norm, residual, swiglu, splits):
 
 
 def one_token_kernels(cfg, params):
-    """How many fused GEMV kernels one decode step of a batch of 2 runs (pallas_call
-    equations named fused_gemv, counted per call site through nested jaxprs)."""
+    """How many fused GEMV kernels one decode step of a batch of 2 runs."""
     cache = target.allocate_cache(cfg, 2, 8, jnp.float32)
     tokens = jnp.zeros((2, 1), jnp.int32)
-    closed = jax.make_jaxpr(lambda p: target.forward(p, cfg, tokens, tokens, cache,
-                                                     jnp.zeros((2,), jnp.int32))[0])(params)
-
-    def count(jaxpr):
-        n = 0
-        for eqn in jaxpr.eqns:
-            n += eqn.primitive.name == "pallas_call" and "fused_gemv" in str(eqn.params["name"])
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (tuple, list)) else [value]:
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        n += count(inner)
-        return n
-
-    return count(closed.jaxpr)
+    return count_eqns(lambda p: target.forward(
+        p, cfg, tokens, tokens, cache, jnp.zeros((2,), jnp.int32))[0], params, name="fused_gemv")
 
 
 @pytest.mark.parametrize("kind", ["dense", "llama", "moe"])

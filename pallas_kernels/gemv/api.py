@@ -14,6 +14,8 @@ impl:
             weights, then a batched matvec; sorted: `lax.ragged_dot`).
   "pallas"  the Triton-lowered kernel; raises NotImplementedError for operands it cannot
             serve.
+  "mosaic"  (dense only) the Mosaic GPU kernel for sm_90 (`hopper.py`: TMA + wgmma) where it
+            serves, else XLA.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from pallas_kernels.gemv.config import tuned_gemv_config
 from pallas_kernels.gemv.expert_major import grouped_matmul_sorted_pallas
 from pallas_kernels.gemv.fused import fused_gemv_pallas
 from pallas_kernels.gemv.grouped import grouped_small_m_matmul_pallas
+from pallas_kernels.gemv.hopper import small_m_matmul_hopper
 from pallas_kernels.gemv.kernel import MAX_ROWS, small_m_matmul_pallas
 
-IMPLS = ("auto", "tuned", "xla", "pallas")
+IMPLS = ("auto", "tuned", "xla", "pallas", "mosaic")
 GROUPED_IMPLS = ("auto", "xla", "pallas")
 
 
@@ -65,16 +68,16 @@ def _dispatch(impl, impls, rows_ok, kernel, xla, interpret):
 def small_m_matmul(x, w, *, impl: str = "auto", interpret: bool = False, config=None,
                    out_dtype=None):
     """x [M, K] @ w [K, N] -> [M, N] in out_dtype (default x.dtype), float32 accumulation.
-    config: a `GemvConfig` for the kernel (None: heuristic from the shapes, or for "tuned"
-    the table's entry)."""
+    config: a `GemvConfig` for the kernel ("mosaic": a `HopperGemvConfig`; None: heuristic
+    from the shapes, or for "tuned" the table's entry)."""
     if impl == "tuned" and config is None:
         config = tuned_gemv_config(x.shape[0], x.shape[1], w.shape[-1], x.dtype)
         if config is None:
             impl = "xla"
+    kernel = small_m_matmul_hopper if impl == "mosaic" else small_m_matmul_pallas
     return _dispatch(
         impl, IMPLS, x.shape[0] <= MAX_ROWS,
-        lambda: small_m_matmul_pallas(x, w, out_dtype=out_dtype, config=config,
-                                      interpret=interpret),
+        lambda: kernel(x, w, out_dtype=out_dtype, config=config, interpret=interpret),
         lambda: _xla(x, w, out_dtype), interpret)
 
 
