@@ -73,7 +73,7 @@ def test_norm_is_applied():
 
 @pytest.mark.parametrize("change,match", [
     (dict(ws=[jnp.zeros((100, 8))]), "needs weights"),
-    (dict(x=jnp.zeros((33, 64))), "M <= 32"),
+    (dict(x=jnp.zeros((33, 64))), r"M=33 rows outside \[1, 32\]"),
     (dict(swiglu=True, ws=[jnp.zeros((64, 8)), jnp.zeros((64, 16))]), "gate and up"),
     (dict(r=jnp.zeros((2, 8)), ws=[jnp.zeros((64, 8))] * 2), "residual needs one weight"),
     (dict(g=jnp.zeros((32,))), "norm weight"),

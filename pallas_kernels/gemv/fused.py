@@ -38,7 +38,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
 from pallas_kernels import common
-from pallas_kernels.gemv.kernel import DTYPES, MAX_ROWS, _outer, stream_k
+from pallas_kernels.gemv.kernel import _outer, operand_problem, stream_k, whole_block
 
 
 _HERE = Path(__file__).resolve().parent
@@ -185,14 +185,14 @@ def _kernel(*refs, segments, num_weights, m, k, block_m, block_k, block_n, chunk
 
 def problem(x, weights, norm_weight, residual, swiglu, config: FusedGemvConfig) -> str | None:
     """What the kernel cannot serve in these operands, or None."""
-    if x.ndim != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
-        return f"needs x [M <= {MAX_ROWS}, K], got {x.shape}"
+    if x.ndim != 2:
+        return f"needs x [M, K], got {x.shape}"
     if not weights or any(w.ndim != 2 or w.shape[0] != x.shape[1] for w in weights):
         return f"needs weights [K={x.shape[1]}, N], got {[w.shape for w in weights]}"
-    if any(w.dtype != x.dtype for w in weights) or jnp.dtype(x.dtype) not in DTYPES:
-        return f"dtypes {x.dtype} @ {[str(w.dtype) for w in weights]} (one of bf16, f16, f32)"
-    if any(w.size >= 2**31 for w in weights):
-        return "a weight has >= 2^31 elements: int32 offsets would overflow"
+    for w in weights:  # rows, dtypes, int32 offsets, block sizes: as the plain kernel
+        why = operand_problem(x, w, config)
+        if why is not None:
+            return why
     if swiglu and (len(weights) != 2 or weights[0].shape != weights[1].shape):
         return f"swiglu needs gate and up of one shape, got {[w.shape for w in weights]}"
     if residual is not None and (len(weights) != 1 or residual.shape != (x.shape[0],
@@ -201,9 +201,6 @@ def problem(x, weights, norm_weight, residual, swiglu, config: FusedGemvConfig) 
                 f"{[w.shape for w in weights]}")
     if norm_weight is not None and norm_weight.shape != (x.shape[1],):
         return f"norm weight {norm_weight.shape} for K={x.shape[1]}"
-    for name, b in (("block_k", config.block_k), ("block_n", config.block_n)):
-        if b < 16 or b & (b - 1):
-            return f"{name}={b} must be a power of two >= 16"
     return None
 
 
@@ -264,8 +261,8 @@ def fused_gemv_pallas(x, weights, norm_weight=None, residual=None, *, eps: float
     outs = pl.pallas_call(
         kernel,
         grid=(strips, splits),
-        in_specs=[_whole(a.shape) for a in inputs],
-        out_specs=[_whole(s.shape) for s in out_shape],
+        in_specs=[whole_block(a.shape) for a in inputs],
+        out_specs=[whole_block(s.shape) for s in out_shape],
         out_shape=out_shape,
         compiler_params=pltr.CompilerParams(num_warps=config.num_warps,
                                             num_stages=config.num_stages),
@@ -281,10 +278,6 @@ def fused_gemv_pallas(x, weights, norm_weight=None, residual=None, *, eps: float
                             out_dtype=out_dtype)[0] for a in accs)
     return tuple(finish(accs, sum_sq, residual, k=k, eps=eps, swiglu=swiglu,
                         out_dtype=out_dtype))
-
-
-def _whole(shape):
-    return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
 def fused_gemv_reference(x, weights, norm_weight=None, residual=None, *, eps: float = 1e-6,

@@ -83,7 +83,12 @@ def split_output(rows: int, n: int, splits: int, out_dtype):
     split-K the float32 partials [splits, rows, N] that `sum_splits` adds up."""
     shape = (rows, n) if splits == 1 else (splits, rows, n)
     dtype = out_dtype if splits == 1 else jnp.float32
-    return pl.BlockSpec(shape, lambda *_: (0,) * len(shape)), jax.ShapeDtypeStruct(shape, dtype)
+    return whole_block(shape), jax.ShapeDtypeStruct(shape, dtype)
+
+
+def whole_block(shape):
+    """A BlockSpec that hands every program the whole array (the kernels index it)."""
+    return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
 def sum_splits(out, splits: int, out_dtype):
