@@ -27,14 +27,14 @@ import json
 import platform
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gemv_pallas import PEAK_TBPS, add_timing_options, bench_decode_steps  # noqa: E402
+from bench_gemv_pallas import (PEAK_TBPS, add_timing_options, bench_decode_steps,  # noqa: E402
+                               record)
 from results_io import command_line, write_json  # noqa: E402
-from timing import median_seconds  # noqa: E402
+from timing import loop_seconds  # noqa: E402
 
 # name -> (K, output widths, norm, residual, swiglu): the groups of a Qwen3-8B layer. swiglu
 # True: gate and up read by one program, SiLU x up in the kernel; "after": gate and up as two
@@ -104,7 +104,7 @@ def merged_table(path, new):
     return new
 
 
-def chained(fn, num_weights):
+def chained(fn):
     """jit(layers, x, g, r, reps): `fn(x, weights, g, r)` for each layer's weights, layer after
     layer, reps times; the next x is nudged by the last output so that nothing is hoisted."""
     import jax
@@ -189,23 +189,18 @@ def bench_group(name, spec, ms, args, deadline, rows):
             else:
                 fn = lambda x, ws, g, r, cfg=cfg: silu_after(swiglu, fused_gemv_pallas(  # noqa
                     x, ws, g, r, swiglu=swiglu is True, config=cfg, interpret=args.interpret))
-            try:
-                run = chained(fn, len(widths))
-                t = time.perf_counter()
-                run(layers, x, g, r, 1).block_until_ready()
-                row["compile_s"] = time.perf_counter() - t
-                t1 = median_seconds(run, layers, x, g, r, 1, repeats=args.repeats, warmup=0)
-                tr = median_seconds(run, layers, x, g, r, args.reps, repeats=args.repeats,
-                                    warmup=0)
-                sec = (tr - t1) / ((args.reps - 1) * args.layers)
-                row.update(us=sec * 1e6, TBps=weight_bytes / sec / 1e12 if sec > 0 else None)
-                if row["TBps"]:
-                    row["pct_peak"] = 100 * row["TBps"] / PEAK_TBPS
-            except Exception as e:  # one failing variant must not stop the run
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                traceback.print_exc(limit=2)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+
+            def measure(fn=fn):
+                per, compile_s, _ = loop_seconds(chained(fn), layers, x, g, r, reps=args.reps,
+                                                 repeats=args.repeats)
+                sec = per / args.layers
+                out = dict(compile_s=compile_s, us=sec * 1e6)
+                if sec > 0:
+                    out.update(TBps=weight_bytes / sec / 1e12,
+                               pct_peak=100 * weight_bytes / sec / 1e12 / PEAK_TBPS)
+                return out
+
+            record(rows, row, measure)
     del layers
     jax.clear_caches()
 

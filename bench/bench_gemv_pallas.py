@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results_io import command_line, write_json  # noqa: E402
-from timing import chained_matmuls, median_seconds  # noqa: E402
+from timing import chained_matmuls, loop_seconds  # noqa: E402
 
 PEAK_TBPS = 4.25
 # Qwen3-8B decode projections, [K, N] (weights row-major, N contiguous); q and o, k and v,
@@ -109,18 +109,22 @@ def time_variant(mm, ws, x, ref, args):
     """-> (seconds per matmul, max rel err of the reps=1 output against ref, compile s)."""
     import numpy as np
 
-    run = chained_matmuls(mm)
-    t = time.perf_counter()
-    once = run(ws, x, 1)
-    once.block_until_ready()
-    compile_s = time.perf_counter() - t
+    per, compile_s, once = loop_seconds(chained_matmuls(mm), ws, x, reps=args.reps,
+                                        repeats=args.repeats)
     err = float(np.max(np.abs(np.asarray(once) - ref)) / np.max(np.abs(ref)))
-    # `once` was the warm-up: reps is traced, so both counts run that one program
-    t1 = median_seconds(run, ws, x, 1, repeats=args.repeats, warmup=0)
-    tr = median_seconds(run, ws, x, args.reps, repeats=args.repeats, warmup=0)
-    if tr <= t1:  # noise (tiny CPU shapes)
-        return float("nan"), err, compile_s
-    return (tr - t1) / ((args.reps - 1) * len(ws)), err, compile_s
+    return per / len(ws), err, compile_s
+
+
+def record(rows, row, measure):
+    """Adds measure()'s results to row, or the error that stopped it (one failing variant
+    must not stop the run), then keeps and prints the row."""
+    try:
+        row.update(measure())
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        traceback.print_exc(limit=2)
+    rows.append(row)
+    print(json.dumps(row), flush=True)
 
 
 def bench_shape(name, k, n, ms, args, deadline, rows, num_experts=0):
@@ -181,16 +185,14 @@ def bench_shape(name, k, n, ms, args, deadline, rows, num_experts=0):
             else:
                 mm = lambda x, w, cfg=cfg: small_m_matmul_pallas(  # noqa: E731
                     x, w, out_dtype=out_dtype, config=cfg, interpret=args.interpret)
-            try:
+
+            def measure(mm=mm):
                 sec, err, compile_s = time_variant(mm, ws, x, ref, args)
-                row.update(us=sec * 1e6, TBps=k * n * 2 * (m if grouped else 1) / sec / 1e12,
-                           rel_err=err, compile_s=compile_s)
-                row["pct_peak"] = 100 * row["TBps"] / PEAK_TBPS
-            except Exception as e:  # one failing variant must not stop the run
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                traceback.print_exc(limit=2)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+                tbps = k * n * 2 * (m if grouped else 1) / sec / 1e12
+                return dict(us=sec * 1e6, TBps=tbps, rel_err=err, compile_s=compile_s,
+                            pct_peak=100 * tbps / PEAK_TBPS)
+
+            record(rows, row, measure)
     del ws
     jax.clear_caches()
 

@@ -31,6 +31,23 @@ def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int, warmup: int
     return statistics.median(sample_seconds(fn, *args, repeats=repeats, warmup=warmup))
 
 
+def loop_seconds(run: Callable[..., Any], *args: Any, reps: int,
+                 repeats: int) -> tuple[float, float, Any]:
+    """For `run(*args, n)`, a jitted loop of n passes with n traced (one program for every n):
+    (seconds per pass, compile seconds, the output of one pass). Per pass is (t(reps) - t(1))
+    / (reps - 1) from medians of `repeats` calls, so dispatch cancels; nan when noise makes
+    t(reps) <= t(1) (tiny shapes on a CPU)."""
+    import jax
+
+    t = time.perf_counter()
+    once = jax.block_until_ready(run(*args, 1))  # compiles; also the warm-up of both counts
+    compile_s = time.perf_counter() - t
+    t1 = median_seconds(run, *args, 1, repeats=repeats, warmup=0)
+    tr = median_seconds(run, *args, reps, repeats=repeats, warmup=0)
+    per = (tr - t1) / (reps - 1) if tr > t1 else float("nan")
+    return per, compile_s, once
+
+
 def chained_matmuls(mm: Callable[..., Any]) -> Callable[..., Any]:
     """jit(ws, x, *extra, reps) -> float32 sum over reps and layers of mm(x, w, *extra), for
     timing one matmul per layer. Each layer's x is nudged by the previous output (as in a
