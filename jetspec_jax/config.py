@@ -65,9 +65,6 @@ class ModelConfig:
     moe_layers: tuple[int, ...] | None = None  # None: every layer is MoE when num_experts > 0
     eos_token_ids: tuple[int, ...] = ()
     matmul_impl: str = "auto"  # one of MATMUL_IMPLS; `matmul` says what "auto" means
-    # One-token steps: MB of the next weights to prefetch into L2 before the latency-bound
-    # kernels ahead of each matmul group (q/k/v, o, gate/up, down): `target.decoder_layer`.
-    l2_prefetch_mb: tuple[float, ...] = ()
 
     @property
     def matmul(self) -> str:
@@ -84,10 +81,6 @@ class ModelConfig:
         if self.matmul_impl not in MATMUL_IMPLS:
             raise ConfigError(
                 f"{self.name}: matmul_impl={self.matmul_impl!r} not in {MATMUL_IMPLS}")
-        if self.l2_prefetch_mb and (len(self.l2_prefetch_mb) != 4
-                                    or min(self.l2_prefetch_mb) < 0):
-            raise ConfigError(f"{self.name}: l2_prefetch_mb={self.l2_prefetch_mb} needs four "
-                              "sizes >= 0 (q/k/v, o, gate/up, down)")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"{self.name}: num_heads={self.num_heads} is not a multiple of "

@@ -18,7 +18,6 @@ from jetspec_jax.config import FUSED_MATMULS, ModelConfig
 from jetspec_jax.layers import moe, project, rms_norm, rope, swiglu
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
 from pallas_kernels.gemv import fused_gemv
-from pallas_kernels.l2_prefetch import l2_prefetch
 from pallas_kernels.tree_attention import cache_attention
 
 # attn_impl values the model adds to the cache-attention ones: one decode token per sequence
@@ -117,50 +116,11 @@ def decoder_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_sta
                                      block_mask, attn_impl)
         except NotImplementedError:
             pass
-    if cfg.l2_prefetch_mb and x.shape[1] == 1:
-        return _prefetching_layer(p, cfg, x, positions, k_cache, v_cache, write_start,
-                                  block_mask, attn_impl)
     eps = cfg.rms_norm_eps
     h, k_cache, v_cache = attention_block(p, cfg, rms_norm(x, p["attn_norm"], eps), positions,
                                           k_cache, v_cache, write_start, block_mask, attn_impl)
     x = x + h
     return x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], eps)), k_cache, v_cache
-
-
-def _prefetching_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start,
-                       block_mask, attn_impl):
-    """The one-token layer of `decoder_layer` with an L2 prefetch of each matmul group's
-    first cfg.l2_prefetch_mb MB issued before the small kernels that precede it (the norm,
-    the attention, the residual add and norm, SiLU x up). Same arithmetic, same results."""
-    mb_qkv, mb_o, mb_mlp, mb_down = cfg.l2_prefetch_mb
-    interpret = jax.default_backend() != "gpu"
-
-    def prefetch(after, weights, mb):
-        try:
-            return l2_prefetch(after, weights, int(mb * 2**20), interpret=interpret)
-        except NotImplementedError:  # a weight no TMA box tiles: a hint, so skip it
-            return after
-
-    eps, mm = cfg.rms_norm_eps, cfg.matmul
-    x = prefetch(x, [p["q"], p["k"], p["v"]], mb_qkv)
-    h = rms_norm(x, p["attn_norm"], eps)
-    q = project("BTD,DNH->BTNH", h, p["q"], mm)
-    k = project("BTD,DKH->BTKH", h, p["k"], mm)
-    v = project("BTD,DKH->BTKH", h, p["v"], mm)
-    q = prefetch(q, [p["o"]], mb_o)
-    out, k_cache, v_cache = attend(p, cfg, q, k, v, positions, k_cache, v_cache, write_start,
-                                   block_mask, attn_impl)
-    h = project("BTNH,NHD->BTD", out, p["o"], mm)
-    if "router" in p:  # the experts read are chosen by the router: nothing to prefetch
-        x = x + h
-        return x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], eps)), k_cache, v_cache
-    h = prefetch(h, [p["gate"], p["up"]], mb_mlp)
-    x = x + h
-    h = rms_norm(x, p["mlp_norm"], eps)
-    gate = project("BTD,DF->BTF", h, p["gate"], mm)
-    up = project("BTD,DF->BTF", h, p["up"], mm)
-    gate = prefetch(gate, [p["down"]], mb_down)
-    return x + project("BTF,FD->BTD", jax.nn.silu(gate) * up, p["down"], mm), k_cache, v_cache
 
 
 def _fused_gemv_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start,

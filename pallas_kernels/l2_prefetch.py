@@ -1,15 +1,19 @@
-"""Warm the L2 cache with the next weights while latency-bound kernels run (Hopper, TMA).
+"""Warm the L2 cache with the next weights while latency-bound kernels run (Hopper, TMA):
+an experiment, measured not to help, kept for `bench/probe_l2_prefetch.py`.
 
 Between a batch-1 decode step's weight-streaming matmuls run small kernels (norms, RoPE, the
 attention over the cache, residual adds) that are bound by launch latency, not bytes: the
 HBM sits idle for ~1-10 us at each of them. `l2_prefetch` launches, at that point, a kernel
 whose blocks issue `cp.async.bulk.prefetch.L2` for the first `nbytes` of the weights the next
-matmul reads, and exit: the prefetches need no completion, so the small kernels run while
-HBM fills L2, and the matmul then finds its first tiles there.
+matmul reads, in the hope that the matmul then finds its first tiles there.
 
 Placement is by data dependence, not by stream order: the kernel takes `after` (an activation
 the small kernels consume) and returns a copy of it that they read instead, so XLA runs it
 after `after` is produced and before its readers, and cannot drop it.
+
+Measured on the H200 (docs/benchmarks.md, session 12): the kernel costs 2-5 us and the matmul
+after it is no faster; a Qwen3-8B decode step with it ran 0.3-25% slower. The model option
+that placed it in every one-token layer was removed after that run (commit 1cbfd00 has it).
 """
 
 from __future__ import annotations
