@@ -13,6 +13,10 @@ Grid: (column strips of block_n, K splits). Each program writes its float32 part
 [block_n, M8]; the wrapper sums the splits, transposes and casts (one small XLA fusion).
 Shapes it does not serve raise NotImplementedError: K not a multiple of block_k, N not a
 multiple of block_n, M > 32, dtypes other than bf16 / f16, devices other than sm_90.
+
+On the H200 (session 12, bench/results/gemv_mosaic_h200_2026-11-30.json) it streams gate/up
+[4096, 12288] at 82% (XLA 78%, Triton 79% in the same chain) but down and q/o no better than
+XLA, and a Qwen3-8B step with it takes 4.93 against XLA's 4.75 ms: opt-in.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ class HopperGemvConfig:
 
 def hopper_config(k: int, n: int) -> HopperGemvConfig:
     """Default config: 128-deep tiles where K allows (else 64), 64 columns; splits automatic.
-    Not yet tuned on a GPU."""
+    The best of the eight configs swept on the H200 for gate/up and down at M = 1."""
     return HopperGemvConfig(block_k=128 if k % 128 == 0 else 64)
 
 
