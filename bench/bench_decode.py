@@ -71,6 +71,7 @@ def bench_jax(args):
     import jax.numpy as jnp
 
     from jetspec_jax import config, params as P
+    from jetspec_jax.layout import fuse_projections
 
     stream_bw, copy_bw = measure_bandwidth()
     print(f"bandwidth: weight streaming {stream_bw / 1e12:.2f} TB/s, copy {copy_bw / 1e12:.2f} TB/s",
@@ -83,9 +84,13 @@ def bench_jax(args):
         params = random_params(specs)
         jax.block_until_ready(params)
         init_s = time.perf_counter() - t0
-        for impl in args.attn_impls:
-            rows.append(time_model(cfg, params, args.context, impl, stream_bw))
-            print(json.dumps(rows[-1]), flush=True)
+        for layout in args.layouts:
+            if layout == "fused":  # q/k/v and gate/up concatenated (layout.py)
+                params = jax.block_until_ready(jax.jit(fuse_projections)(params))
+            for impl in args.attn_impls:
+                rows.append({**time_model(cfg, params, args.context, impl, stream_bw),
+                             "layout": layout})
+                print(json.dumps(rows[-1]), flush=True)
         del params
         jax.clear_caches()
         rows[-1]["init_s"] = init_s
@@ -240,14 +245,15 @@ def report(jax_path, hf_path):
     lines = [
         f"measured weight streaming {ours['stream_bw'] / 1e12:.2f} TB/s, copy "
         f"{ours['copy_bw'] / 1e12:.2f} TB/s",
-        "| model | attention | ctx | ms/token | tok/s | floor ms | % of floor | TB/s | "
+        "| model | attention | weights | ctx | ms/token | tok/s | floor ms | % of floor | TB/s | "
         "transformers tok/s | compile s | peak GB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in ours["rows"]:
         h = hf.get(r["model"], {})
         lines.append(
-            f"| {r['model']} | {r['attn_impl']} | {r['context']} | {r['ms_per_token']:.3f} | "
+            f"| {r['model']} | {r['attn_impl']} | {r.get('layout', 'separate')} | "
+            f"{r['context']} | {r['ms_per_token']:.3f} | "
             f"{r['tok_s']:.0f} | {r['floor_ms']:.3f} | {100 * r['fraction_of_floor']:.0f}% | "
             f"{r['achieved_TBps']:.2f} | {h.get('hf_tok_s', float('nan')):.1f} | "
             f"{r['compile_s']:.1f} | {r['peak_GB']:.1f} |")
@@ -262,6 +268,10 @@ def main():
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--attn-impls", nargs="+", default=["reference"])
+    parser.add_argument("--layouts", nargs="+", default=["separate"],
+                        choices=["separate", "fused"],
+                        help="weight layouts timed in turn, same weights: fused = q/k/v and "
+                             "gate/up concatenated (jetspec_jax.layout)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.stage == "report":

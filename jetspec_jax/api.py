@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jetspec_jax import adaptive, sharding
+from jetspec_jax import adaptive, layout, sharding
 from jetspec_jax.decode import PREFILL_CHUNK, ar_generate, check_capacity
 from jetspec_jax.draft_head import draft_specs
 from jetspec_jax.loading import (  # noqa: F401  (re-exported: the API's loading half)
@@ -270,6 +270,8 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
     prompt, lens, key = batch.prompt, batch.lens, jax.random.key(seed)
     attn = opts.attn_impl
     if mesh is not None:  # weights already placed by load_target / load_draft are not moved
+        if layout.is_fused(tparams):  # sharding knows the separate layout only
+            tparams = layout.split_projections(tparams, target.cfg)
         tparams = sharding.shard_params(tparams, target_specs(target.cfg), mesh)
         dparams = draft and sharding.shard_params(dparams, draft_specs(draft.dcfg), mesh)
         prompt, lens, key = sharding.replicate((prompt, lens, key), mesh)

@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import convert, sharding
+from jetspec_jax import convert, layout, sharding
 from jetspec_jax.checkpoint import CheckpointError, load_target_checkpoint
 from jetspec_jax.config import ModelConfig
 from jetspec_jax.draft_head import DraftConfig, draft_specs
@@ -56,14 +56,21 @@ def resolve_dtype(dtype):
 
 
 def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
-                progress: bool = True, mesh=None) -> Target:
+                progress: bool = True, mesh=None, fuse: bool | None = None) -> Target:
     """Our checkpoint dir, an HF dir, a .gguf file or an embedded name (see
     `jetspec_jax.convert.load_target`) -> Target, weights cast to dtype.
 
     mesh: None (one device), a spec such as "tp=2" or a `Mesh`: the weights are sharded over
     it (`jetspec_jax.sharding`); our checkpoints are read straight into the shards, other
-    formats are read whole, then sharded."""
+    formats are read whole, then sharded.
+    fuse: the fused weight layout (`jetspec_jax.layout`: q/k/v and gate/up each one matmul).
+    None: on one GPU, where it measured 6% faster per token; not with a mesh."""
     mesh, dtype = sharding.as_mesh(mesh), resolve_dtype(dtype)
+    if fuse is None:
+        fuse = mesh is None and jax.default_backend() == "gpu"
+    if fuse and mesh is not None:
+        raise ValueError("fuse=True needs one device: a sharded q/k/v concatenation would mix "
+                         "q's heads with k's (load with fuse=False)")
     with _reading(source):
         if mesh is not None and (Path(source) / "metadata.json").exists():
             cfg, params, tokenizer = load_target_checkpoint(source, dtype=dtype, sharding=mesh)
@@ -71,6 +78,8 @@ def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
             cfg, params, tokenizer = convert.load_target(source, dtype, progress=progress)
             if mesh is not None:
                 params = sharding.shard_params(params, target_specs(cfg), mesh)
+    if fuse:
+        params = layout.fuse_projections(params)
     return Target(cfg, params, tokenizer, cfg.name, str(source), mesh)
 
 

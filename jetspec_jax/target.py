@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jetspec_jax.cache import KVCache, write_slots
 from jetspec_jax.config import FUSED_MATMULS, ModelConfig
 from jetspec_jax.layers import moe, project, rms_norm, rope, swiglu
+from jetspec_jax.layout import split_qkv
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
 from pallas_kernels.gemv import fused_gemv
 from pallas_kernels.tree_attention import cache_attention
@@ -54,9 +55,12 @@ def lm_head(params, cfg: ModelConfig, hidden):
 def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start,
                     block_mask, attn_impl):
     """x [B, T, D] (already normed). Writes the new K/V at write_start and attends."""
-    q = project("BTD,DNH->BTNH", x, p["q"], cfg.matmul)
-    k = project("BTD,DKH->BTKH", x, p["k"], cfg.matmul)
-    v = project("BTD,DKH->BTKH", x, p["v"], cfg.matmul)
+    if "qkv" in p:  # the fused layout (`layout.py`): one matmul
+        q, k, v = split_qkv(project("BTD,DF->BTF", x, p["qkv"], cfg.matmul), cfg)
+    else:
+        q = project("BTD,DNH->BTNH", x, p["q"], cfg.matmul)
+        k = project("BTD,DKH->BTKH", x, p["k"], cfg.matmul)
+        v = project("BTD,DKH->BTKH", x, p["v"], cfg.matmul)
     out, k_cache, v_cache = attend(p, cfg, q, k, v, positions, k_cache, v_cache, write_start,
                                    block_mask, attn_impl)
     return project("BTNH,NHD->BTD", out, p["o"], cfg.matmul), k_cache, v_cache
@@ -99,6 +103,9 @@ def _fused_decode(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, wri
 
 
 def mlp_block(p, cfg: ModelConfig, x):
+    if "gate_up" in p:  # the fused layout (`layout.py`): one matmul for gate and up
+        gate, up = jnp.split(project("BTD,DF->BTF", x, p["gate_up"], cfg.matmul), 2, axis=-1)
+        return project("BTF,FD->BTD", jax.nn.silu(gate) * up, p["down"], cfg.matmul)
     if "router" in p:
         return moe(x, p["router"], p["gate"], p["up"], p["down"],
                    top_k=cfg.experts_per_token, normalize=cfg.norm_topk_prob,
@@ -132,11 +139,14 @@ def _fused_gemv_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write
     gemv = functools.partial(fused_gemv, eps=cfg.rms_norm_eps,
                              interpret=cfg.matmul == "fused_interpret")
     rows = x.reshape(b, d)
-    q, k, v = gemv(rows, [p[n].reshape(d, -1) for n in ("q", "k", "v")], p["attn_norm"])
-    heads = lambda t, n: t.reshape(b, 1, n, cfg.head_dim)  # noqa: E731
-    out, k_cache, v_cache = attend(
-        p, cfg, heads(q, cfg.num_heads), heads(k, cfg.num_kv_heads), heads(v, cfg.num_kv_heads),
-        positions, k_cache, v_cache, write_start, block_mask, attn_impl)
+    if "qkv" in p:  # the fused layout: one weight, split after
+        (qkv,) = gemv(rows, [p["qkv"]], p["attn_norm"])
+        q, k, v = split_qkv(qkv, cfg)
+    else:
+        q, k, v = gemv(rows, [p[n].reshape(d, -1) for n in ("q", "k", "v")], p["attn_norm"])
+        q, k, v = (t.reshape(b, -1, cfg.head_dim) for t in (q, k, v))
+    out, k_cache, v_cache = attend(p, cfg, q[:, None], k[:, None], v[:, None], positions,
+                                   k_cache, v_cache, write_start, block_mask, attn_impl)
     (rows,) = gemv(out.reshape(b, -1), [p["o"].reshape(-1, d)], residual=rows)
     if "router" in p:
         x = rows.reshape(b, 1, d)
@@ -144,7 +154,10 @@ def _fused_gemv_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write
             k_cache, v_cache
     # gate and up as two outputs (one weight a program) and SiLU x up in XLA's split-K
     # epilogue: 77% of 4.25 TB/s on the H200, the kernel's paired SwiGLU form 72%
-    gate, up = gemv(rows, [p["gate"], p["up"]], p["mlp_norm"])
+    if "gate_up" in p:
+        gate, up = jnp.split(gemv(rows, [p["gate_up"]], p["mlp_norm"])[0], 2, axis=-1)
+    else:
+        gate, up = gemv(rows, [p["gate"], p["up"]], p["mlp_norm"])
     act = jax.nn.silu(gate) * up
     (rows,) = gemv(act, [p["down"]], residual=rows)
     return rows.reshape(b, 1, d), k_cache, v_cache

@@ -1,0 +1,60 @@
+"""The target's two weight layouts.
+
+"separate" is the layout of `params.target_specs`: q, k, v, gate and up each a leaf. It is what
+checkpoints, conversion and sharding know. "fused" concatenates each layer's q, k, v into one
+"qkv" leaf [D, (N + 2K) H] and a dense MLP's gate and up into one "gate_up" leaf [D, 2F], so
+that a step streams each group in one larger matmul: on the H200 a Qwen3-8B token took 4.49
+against 4.78 ms, a budget-256 round 10.17 against 10.94 ms (docs/benchmarks.md, session 12).
+`loading.load_target` fuses on one GPU; the model reads either layout.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jetspec_jax.config import ModelConfig
+
+
+def is_fused(params) -> bool:
+    return any("qkv" in p for p in params["layers"])
+
+
+def fuse_projections(params):
+    """The same weights in the fused layout (a copy of the fused leaves; the others shared).
+    Leaves already fused and MoE experts (chosen per token) are left as they are."""
+    def fuse(p):
+        p = dict(p)
+        if "q" in p:
+            d = p["q"].shape[0]
+            p["qkv"] = jnp.concatenate([p.pop(n).reshape(d, -1) for n in ("q", "k", "v")], 1)
+        if "gate" in p and "router" not in p:
+            p["gate_up"] = jnp.concatenate([p.pop("gate"), p.pop("up")], axis=1)
+        return p
+
+    return {**params, "layers": [fuse(p) for p in params["layers"]]}
+
+
+def split_projections(params, cfg: ModelConfig):
+    """The inverse of `fuse_projections`: the separate layout of `params.target_specs`."""
+    def split(p):
+        p = dict(p)
+        if "qkv" in p:
+            d = p["qkv"].shape[0]
+            q, k, v = split_qkv(p.pop("qkv"), cfg)
+            p.update(q=q.reshape(d, cfg.num_heads, cfg.head_dim),
+                     k=k.reshape(d, cfg.num_kv_heads, cfg.head_dim),
+                     v=v.reshape(d, cfg.num_kv_heads, cfg.head_dim))
+        if "gate_up" in p:
+            p["gate"], p["up"] = jnp.split(p.pop("gate_up"), 2, axis=-1)
+        return p
+
+    return {**params, "layers": [split(p) for p in params["layers"]]}
+
+
+def split_qkv(qkv, cfg: ModelConfig):
+    """[..., (N + 2K) H] -> q [..., N, H], k, v [..., K, H]: the columns of a fused "qkv"
+    weight, or of x @ it."""
+    n, kv, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q, k, v = jnp.split(qkv, [n * h, (n + kv) * h], axis=-1)
+    lead = qkv.shape[:-1]
+    return q.reshape(*lead, n, h), k.reshape(*lead, kv, h), v.reshape(*lead, kv, h)

@@ -1,0 +1,98 @@
+"""The fused weight layout (`jetspec_jax/layout.py`): q/k/v and gate/up concatenated. Same
+tokens as the separate layout everywhere the model reads weights (XLA projections, the fused
+Pallas layers, speculative rounds, the API on a mesh), and an exact round trip."""
+
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+
+from helpers import count_eqns, random_prompts, tiny_head, tiny_target, tree_equal
+from jetspec_jax import api, layout
+from jetspec_jax.checkpoint import save_target
+from jetspec_jax.decode import ar_generate
+from jetspec_jax.head_io import save_draft
+from jetspec_jax.sampling import Sampler
+from jetspec_jax.speculative import TreeSpec, spec_generate
+from test_api_cli import word_tokenizer
+from test_speculative import assert_same
+
+KW = dict(sampler=Sampler(), stop_ids=(), num_slots=48)
+
+
+@pytest.mark.parametrize("kind", ["dense", "llama", "moe"])
+def test_round_trip_and_leaves(kind):
+    cfg, params = tiny_target(kind, seed=3)
+    fused = layout.fuse_projections(params)
+    first = fused["layers"][0]
+    assert layout.is_fused(fused) and not layout.is_fused(params)
+    assert "qkv" in first and not {"q", "k", "v"} & set(first)
+    assert first["qkv"].shape == (cfg.hidden_size,
+                                  (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim)
+    # experts are chosen per token: a MoE layer keeps its gate and up
+    assert ("gate_up" in first) == (kind != "moe") and ("gate" in first) == (kind == "moe")
+    tree_equal(layout.fuse_projections(fused), fused)  # fusing twice changes nothing
+    tree_equal(layout.split_projections(fused, cfg), params)
+
+
+@pytest.mark.parametrize("kind", ["dense", "llama", "moe"])
+def test_greedy_decode_identical(kind):
+    cfg, params = tiny_target(kind, seed=6, vocab=32)
+    prompt, lens = random_prompts(np.random.default_rng(4), 3, 7, cfg.vocab_size)
+    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, max_new=10, **KW)
+    got = ar_generate(layout.fuse_projections(params), prompt, lens, jax.random.key(0),
+                      cfg=cfg, max_new=10, **KW)
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+
+
+@pytest.mark.parametrize("kind,budget,width", [("dense", 8, 3), ("moe", 12, 4),
+                                               ("llama", 5, 2)])
+def test_speculative_with_fused_weights_equals_autoregressive(kind, budget, width):
+    tcfg, tp = tiny_target(kind, seed=8, vocab=32)
+    dcfg, dp = tiny_head(tcfg, seed=9, block_size=4)
+    prompt, lens = random_prompts(np.random.default_rng(5), 2, 6, tcfg.vocab_size)
+    want = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, max_new=12, **KW)
+    got, _ = spec_generate(layout.fuse_projections(tp), dp, prompt, lens, jax.random.key(0),
+                           tcfg=tcfg, dcfg=dcfg, tree_spec=TreeSpec(budget, width),
+                           max_new=12, **KW)
+    assert_same(want, got)
+
+
+def test_fused_pallas_layers_read_the_fused_layout():
+    """matmul "fused_interpret" on fused weights: 4 kernels a layer, XLA's tokens."""
+    cfg, params = tiny_target("dense", seed=5, vocab=32)
+    fused_cfg, fused = cfg.replace(matmul_impl="fused_interpret"), layout.fuse_projections(params)
+    prompt, lens = random_prompts(np.random.default_rng(1), 2, 6, cfg.vocab_size)
+    run = lambda p, c: ar_generate(p, prompt, lens, jax.random.key(0), cfg=c, max_new=6, **KW)  # noqa: E731
+    assert count_eqns(lambda p: run(p, fused_cfg).tokens, fused, name="fused_gemv") == \
+        count_eqns(lambda p: run(p, fused_cfg).tokens, params, name="fused_gemv") > 0
+    np.testing.assert_array_equal(np.asarray(run(fused, fused_cfg).tokens),
+                                  np.asarray(run(params, cfg).tokens))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("layout")
+    tcfg, tparams = tiny_target("dense", vocab=24, seed=2)
+    dcfg, dparams = tiny_head(tcfg, block_size=4)
+    return SimpleNamespace(target=save_target(root / "target", tparams, tcfg,
+                                              tokenizer=word_tokenizer()),
+                           head=save_draft(root / "head", dparams, dcfg))
+
+
+def test_load_target_fuses_on_request_and_the_api_decodes_the_same(saved):
+    plain = api.load_target(saved.target)  # CPU: the separate layout by default
+    fused = api.load_target(saved.target, fuse=True)
+    assert not layout.is_fused(plain.params) and layout.is_fused(fused.params)
+    prompts = ["w1 w2 w3", "w4"]
+    want = api.generate(plain, prompts, max_new_tokens=8)
+    for target in (fused, plain):
+        draft = api.load_draft(saved.head, target)
+        got = api.generate(target, prompts, draft=draft, max_new_tokens=8, budget=6)
+        assert got.tokens == want.tokens
+    # a mesh asks for the separate layout: generate splits a fused target's weights first
+    on_mesh = api.generate(fused, prompts, max_new_tokens=8, mesh="tp=1")
+    assert on_mesh.tokens == want.tokens
+    with pytest.raises(ValueError, match="fuse=True needs one device"):
+        api.load_target(saved.target, fuse=True, mesh="tp=1")
