@@ -19,11 +19,14 @@ def is_fused(params) -> bool:
     return any("qkv" in p for p in params["layers"])
 
 
-def fuse_projections(params):
+def fuse_projections(params, *, in_place: bool = False):
     """The same weights in the fused layout (a copy of the fused leaves; the others shared).
-    Leaves already fused and MoE experts (chosen per token) are left as they are."""
+    Leaves already fused and MoE experts (chosen per token) are left as they are.
+    in_place=True rewrites the layer dicts of `params` itself, so that each layer's separate
+    leaves can be freed as soon as they are concatenated: peak memory grows by one layer's
+    q/k/v/gate/up instead of all of them (for a tree the caller owns, e.g. just loaded)."""
     def fuse(p):
-        p = dict(p)
+        p = p if in_place else dict(p)
         if "q" in p:
             d = p["q"].shape[0]
             p["qkv"] = jnp.concatenate([p.pop(n).reshape(d, -1) for n in ("q", "k", "v")], 1)

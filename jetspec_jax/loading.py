@@ -78,8 +78,8 @@ def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
             cfg, params, tokenizer = convert.load_target(source, dtype, progress=progress)
             if mesh is not None:
                 params = sharding.shard_params(params, target_specs(cfg), mesh)
-    if fuse:
-        params = layout.fuse_projections(params)
+    if fuse:  # in place: each layer's separate weights are freed once concatenated
+        params = layout.fuse_projections(params, in_place=True)
     return Target(cfg, params, tokenizer, cfg.name, str(source), mesh)
 
 

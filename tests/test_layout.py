@@ -34,6 +34,9 @@ def test_round_trip_and_leaves(kind):
     assert ("gate_up" in first) == (kind != "moe") and ("gate" in first) == (kind == "moe")
     tree_equal(layout.fuse_projections(fused), fused)  # fusing twice changes nothing
     tree_equal(layout.split_projections(fused, cfg), params)
+    in_place = layout.fuse_projections(params, in_place=True)
+    tree_equal(in_place, fused)
+    assert in_place["layers"][0] is params["layers"][0]  # rewritten, not copied
 
 
 @pytest.mark.parametrize("kind", ["dense", "llama", "moe"])
