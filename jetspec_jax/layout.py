@@ -41,12 +41,8 @@ def split_projections(params, cfg: ModelConfig):
     """The inverse of `fuse_projections`: the separate layout of `params.target_specs`."""
     def split(p):
         p = dict(p)
-        if "qkv" in p:
-            d = p["qkv"].shape[0]
-            q, k, v = split_qkv(p.pop("qkv"), cfg)
-            p.update(q=q.reshape(d, cfg.num_heads, cfg.head_dim),
-                     k=k.reshape(d, cfg.num_kv_heads, cfg.head_dim),
-                     v=v.reshape(d, cfg.num_kv_heads, cfg.head_dim))
+        if "qkv" in p:  # [D, (N + 2K) H] -> [D, N, H], [D, K, H], [D, K, H]
+            p["q"], p["k"], p["v"] = split_qkv(p.pop("qkv"), cfg)
         if "gate_up" in p:
             p["gate"], p["up"] = jnp.split(p.pop("gate_up"), 2, axis=-1)
         return p
