@@ -84,13 +84,14 @@ def bench_jax(args):
         params = random_params(specs)
         jax.block_until_ready(params)
         init_s = time.perf_counter() - t0
-        for layout in args.layouts:
-            if layout == "fused":  # q/k/v and gate/up concatenated (layout.py)
-                params = jax.block_until_ready(jax.jit(fuse_projections)(params))
+        for layout in args.layouts:  # the same weights each time, in either order
+            timed = (jax.block_until_ready(jax.jit(fuse_projections)(params))
+                     if layout == "fused" else params)  # q/k/v, gate/up concatenated
             for impl in args.attn_impls:
-                rows.append({**time_model(cfg, params, args.context, impl, stream_bw),
+                rows.append({**time_model(cfg, timed, args.context, impl, stream_bw),
                              "layout": layout})
                 print(json.dumps(rows[-1]), flush=True)
+            del timed
         del params
         jax.clear_caches()
         rows[-1]["init_s"] = init_s
