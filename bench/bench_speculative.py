@@ -229,7 +229,10 @@ def main():
     deadline = time.perf_counter() + args.time_budget_s
     result = resume(args.out if args.resume else None, command_line(),
                     {"device": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
-                     "checks": [], "rows": []})
+                     "layout": args.layout, "checks": [], "rows": []})
+    stored = result.get("layout", "separate")  # files from before the option: separate
+    if stored != args.layout:
+        ap.error(f"--resume: {args.out} holds rows of the {stored} layout, not {args.layout}")
     done = {(r["model"], r["context"], r["batch"], r["budget"]) for r in result["rows"]}
     if not args.skip_check:
         for dtype in (jnp.float32, jnp.bfloat16):
@@ -239,7 +242,6 @@ def main():
     tp = random_params(P.target_specs(tcfg))
     if args.layout == "fused":  # q/k/v and gate/up concatenated (jetspec_jax.layout)
         tp = jax.block_until_ready(jax.jit(fuse_projections)(tp))
-    result["layout"] = args.layout
     dcfg = draft_head.draft_config_for(tcfg, num_layers=5, block_size=16, num_taps=5)
     dp = random_params(draft_head.draft_specs(dcfg))
     per_batch = {int(b): [int(n) for n in ns.split(",")] for b, ns in

@@ -39,6 +39,15 @@ def test_bench_speculative_rounds_and_phases(tmp_path):
     result = json.loads(out.read_text())
     assert [r["budget"] for r in result["rows"]] == [8, 4] and result["rows"][0] == row
     assert len(result["commands"]) == 2 and "--resume" in result["commands"][1]
+    assert result["layout"] == "separate"
+
+    # Rows of one weight layout are not resumed under the other.
+    done = subprocess.run([sys.executable, "bench/bench_speculative.py", "--skip-check",
+                           "--model", "tiny-dense", "--layout", "fused", "--resume",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 2 and "holds rows of the separate layout, not fused" in done.stderr
+    assert json.loads(out.read_text()) == result
 
 
 def test_bench_moe_verify_tiny(tmp_path):
