@@ -9,7 +9,7 @@ one submodule (`jetspec_jax.config`, ...) does not load the whole stack.
 """
 
 _API = ("Target", "Draft", "GenerationResult", "load_target", "load_draft",
-        "default_draft_path", "generate", "bench", "read_prompt_file")
+        "default_draft_path", "generate", "stream", "StreamChunk", "bench", "read_prompt_file")
 
 __all__ = list(_API)
 

@@ -1,7 +1,7 @@
 """The Python API behind the CLI and the notebooks: load a target and a draft head
 (`loading.py`, re-exported here), generate (speculative, or autoregressive without a head)
-with timings and acceptance statistics (`results.GenerationResult`), and sweep tree budgets
-against autoregressive decoding.
+with timings and acceptance statistics (`results.GenerationResult`), stream the same tokens
+as they are committed (`stream`), and sweep tree budgets against autoregressive decoding.
 
     target = load_target("smollm2-135m")
     draft = load_draft(default_draft_path(target.name), target)
@@ -18,14 +18,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jetspec_jax import adaptive, layout, sharding
+from jetspec_jax import adaptive, layout, sharding, streaming
 from jetspec_jax.decode import PREFILL_CHUNK, ar_generate, check_capacity
 from jetspec_jax.draft_head import draft_specs
 from jetspec_jax.loading import (  # noqa: F401  (re-exported: the API's loading half)
@@ -35,6 +35,7 @@ from jetspec_jax.params import target_specs
 from jetspec_jax.results import GenerationResult, format_mix  # noqa: F401
 from jetspec_jax.sampling import Sampler
 from jetspec_jax.speculative import TreeSpec, spec_generate, working_slots
+from jetspec_jax.streaming import StreamChunk
 from jetspec_jax.tokenizer import TokenizerError
 from pallas_kernels.tree_attention.api import IMPLEMENTATIONS
 
@@ -44,7 +45,8 @@ CPU_BUCKETS = (4, 8, 16, 32)  # a CPU's best fixed budget was 8 (docs/benchmarks
 _NO_GPU_IMPLS = ("auto", "reference", "xla")
 
 __all__ = ["Target", "Draft", "GenerationResult", "load_target", "load_draft",
-           "default_draft_path", "generate", "bench", "read_prompt_file"]
+           "default_draft_path", "generate", "stream", "StreamChunk", "bench",
+           "read_prompt_file"]
 
 
 # ---- options ---------------------------------------------------------------------------------
@@ -190,19 +192,28 @@ def make_batch(target: Target, ids: list[list[int]], max_new: int, extra: int) -
 _COMPILED: dict = {}  # (function, argument shapes + shardings, static arguments) -> executable
 
 
-def _timed(fn, args: tuple, static: dict):
-    """-> (fn(*args, **static), seconds to compile and warm up (0 when cached), run seconds)."""
+def _compiled(fn, args: tuple, static: dict):
+    """-> (the executable of jitted fn for args (arrays or shapes) and static, whether it was
+    compiled now rather than found in `_COMPILED`)."""
     key = (fn, jax.tree.structure(args), tuple((x.shape, x.dtype, getattr(x, "sharding", None))
                                                for x in jax.tree.leaves(args)),
            tuple(sorted(static.items())))
-    compile_s = 0.0
-    if key not in _COMPILED:
-        start = time.perf_counter()
+    new = key not in _COMPILED
+    if new:
         _COMPILED[key] = fn.lower(*args, **static).compile()
-        jax.block_until_ready(_COMPILED[key](*args))  # the first run pays one-time costs
+    return _COMPILED[key], new
+
+
+def _timed(fn, args: tuple, static: dict):
+    """-> (fn(*args, **static), seconds to compile and warm up (0 when cached), run seconds)."""
+    start = time.perf_counter()
+    run, new = _compiled(fn, args, static)
+    compile_s = 0.0
+    if new:
+        jax.block_until_ready(run(*args))  # the first run pays one-time costs
         compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    out = jax.block_until_ready(_COMPILED[key](*args))
+    out = jax.block_until_ready(run(*args))
     return out, compile_s, time.perf_counter() - start
 
 
@@ -234,25 +245,32 @@ def adaptive_spec(target: Target, draft: Draft, tparams, dparams, prompt, spec: 
 # ---- the verbs -------------------------------------------------------------------------------
 
 
-def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]], *,
-             draft: Draft | None = None, max_new_tokens: int = 128,
+@dataclasses.dataclass
+class _Run:
+    """A checked batch ready to decode: what `generate` and `stream` share."""
+    ids: list[list[int]]  # prompt token ids
+    opts: Options
+    spec: TreeSpec  # budget="auto": the adaptive spec
+    measure_s: float  # seconds spent measuring round costs for budget="auto"
+    args: tuple  # (prompt, prompt_lens, key), placed on the mesh
+    tparams: dict
+    dparams: dict | None
+    static: dict  # the static arguments both decoding loops share
+    mesh: object
+
+    def call(self, fn, *args, **static):
+        with sharding.use(self.mesh):  # constraints in the decoding loops read the context mesh
+            return fn(*args, **static)
+
+
+def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: int = 128,
              budget: int | str | None = None, width: int = 7, tree: str = "accum_logp",
              draft_mode: str = "per_depth", temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, chat: bool = True,
-             stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
-             compare_autoregressive: bool = False, mesh=None,
-             prefill_chunk: int = PREFILL_CHUNK) -> GenerationResult:
-    """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
-
-    budget: tree nodes per round (None: `default_budget()`), or "auto": each round picks its
-    tree size from `auto_buckets()` by expected tokens per second (`adaptive_spec`);
-    draft_mode: "per_depth" or "path" (path-conditioned trees, docs/drafting_variants.md);
-    chat: wrap text prompts in the chat template; stop_ids: None means the tokenizer's eos
-    ids; compare_autoregressive: also time autoregressive decoding of the same batch (with a
-    draft only); mesh: where to decode (None: the target's mesh, or one device), a spec such
-    as "tp=2" or a `Mesh`; prefill_chunk: prompt tokens per prefill pass (smaller: less memory
-    for long prompts in big batches; `decode.prefill` refuses a bad one while tracing, before
-    anything compiles)."""
+             stop_ids: Sequence[int] | None = None, attn_impl: str = "auto", mesh=None,
+             prefill_chunk: int = PREFILL_CHUNK) -> _Run:
+    """`generate`'s options checked, the prompts encoded and batched, and the weights and
+    batch placed on the mesh."""
     opts = decoding_options(budget=budget, width=width, tree=tree, draft_mode=draft_mode,
                             temperature=temperature, top_k=top_k, top_p=top_p,
                             attn_impl=attn_impl)
@@ -280,36 +298,83 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
     static = dict(max_new=max_new_tokens, sampler=opts.sampler,
                   stop_ids=tuple(int(s) for s in stop_ids), num_slots=batch.num_slots,
                   attn_impl=attn, cache_dtype=jnp.dtype(target.dtype), prefill_chunk=prefill_chunk)
+    measure_s = 0.0
+    if draft is not None and opts.auto:
+        spec, measure_s = adaptive_spec(target, draft, tparams, dparams, prompt, spec, attn,
+                                        mesh)
+    return _Run(ids, opts, spec, measure_s, (prompt, lens, key), tparams, dparams, static, mesh)
 
-    def timed(fn, args, static):
-        with sharding.use(mesh):  # constraints in the decoding loops read the context mesh
-            return _timed(fn, args, static)
+
+def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]], *,
+             draft: Draft | None = None, max_new_tokens: int = 128,
+             budget: int | str | None = None, width: int = 7, tree: str = "accum_logp",
+             draft_mode: str = "per_depth", temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, chat: bool = True,
+             stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
+             compare_autoregressive: bool = False, mesh=None,
+             prefill_chunk: int = PREFILL_CHUNK) -> GenerationResult:
+    """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
+
+    budget: tree nodes per round (None: `default_budget()`), or "auto": each round picks its
+    tree size from `auto_buckets()` by expected tokens per second (`adaptive_spec`);
+    draft_mode: "per_depth" or "path" (path-conditioned trees, docs/drafting_variants.md);
+    chat: wrap text prompts in the chat template; stop_ids: None means the tokenizer's eos
+    ids; compare_autoregressive: also time autoregressive decoding of the same batch (with a
+    draft only); mesh: where to decode (None: the target's mesh, or one device), a spec such
+    as "tp=2" or a `Mesh`; prefill_chunk: prompt tokens per prefill pass (smaller: less memory
+    for long prompts in big batches; `decode.prefill` refuses a bad one while tracing, before
+    anything compiles)."""
+    run = _prepare(target, prompts, draft, max_new_tokens=max_new_tokens, budget=budget,
+                   width=width, tree=tree, draft_mode=draft_mode, temperature=temperature,
+                   top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop_ids=stop_ids,
+                   attn_impl=attn_impl, mesh=mesh, prefill_chunk=prefill_chunk)
 
     def autoregressive():
-        return timed(ar_generate, (tparams, prompt, lens, key), dict(cfg=target.cfg, **static))
+        return run.call(_timed, ar_generate, (run.tparams, *run.args),
+                        dict(cfg=target.cfg, **run.static))
 
-    common = dict(prompt_lens=[len(p) for p in ids], attn_impl=attn, greedy=opts.sampler.greedy)
+    common = dict(prompt_lens=list(map(len, run.ids)), attn_impl=run.static["attn_impl"],
+                  greedy=run.opts.sampler.greedy)
     if draft is None:
         out, compile_s, seconds = autoregressive()
         return GenerationResult(*_decoded(target, out), seconds=seconds, compile_s=compile_s,
                                 **common)
-    measure_s = 0.0
-    if opts.auto:
-        spec, measure_s = adaptive_spec(target, draft, tparams, dparams, prompt, spec, attn,
-                                        mesh)
-    (out, stats), compile_s, seconds = timed(
-        spec_generate, (tparams, dparams, prompt, lens, key),
-        dict(tcfg=target.cfg, dcfg=draft.dcfg, tree_spec=spec, **static))
+    (out, stats), compile_s, seconds = run.call(
+        _timed, spec_generate, (run.tparams, run.dparams, *run.args),
+        dict(tcfg=target.cfg, dcfg=draft.dcfg, tree_spec=run.spec, **run.static))
     rounds = np.asarray(stats.rounds).tolist()
     per_round = lambda x: [row[:r].tolist() for row, r in zip(np.asarray(x), rounds)]  # noqa: E731
     result = GenerationResult(*_decoded(target, out), seconds=seconds,
-                              compile_s=compile_s + measure_s, draft=draft.path or "<in memory>",
-                              tree_spec=spec, rounds=rounds, accepted=per_round(stats.accepted),
+                              compile_s=compile_s + run.measure_s,
+                              draft=draft.path or "<in memory>", tree_spec=run.spec,
+                              rounds=rounds, accepted=per_round(stats.accepted),
                               nodes=per_round(stats.nodes), **common)
     if compare_autoregressive:
         ar, result.ar_compile_s, result.ar_seconds = autoregressive()
         result.ar_tokens = _decoded(target, ar)[1]
     return result
+
+
+def stream(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]], *,
+           draft: Draft | None = None, chunk: int | None = None,
+           **options) -> Iterator[StreamChunk]:
+    """`generate`'s decoding (its options but compare_autoregressive; the same tokens),
+    yielding them as they are committed: a `StreamChunk` of new token ids and text per
+    sequence after the prefill, then after every `chunk` rounds (speculative; default 1) or
+    decoding steps (autoregressive; default 4). Each chunk is one compiled call and one
+    read-back to the host. Options are checked, and both programs compiled (or found
+    compiled), before this returns."""
+    run = _prepare(target, prompts, draft, **options)
+    if draft is None:
+        steps = streaming.ar_steps(target.cfg, run.static, chunk)
+    else:
+        steps = streaming.spec_steps(target.cfg, draft.dcfg, run.spec, run.static, chunk)
+    params = (run.tparams,) if draft is None else (run.tparams, run.dparams)
+    start, _ = run.call(_compiled, steps.start, (*params, *run.args), steps.start_static)
+    advance, _ = run.call(_compiled, steps.advance, (*params, start.out_info),
+                          steps.advance_static)
+    return streaming.chunks(lambda: start(*params, *run.args),
+                            lambda state: advance(*params, state), target.tokenizer)
 
 
 def _decoded(target: Target, out) -> tuple[list[str], list[list[int]]]:

@@ -5,6 +5,7 @@ over `jetspec_jax.api` and `jetspec_jax.train`).
     jetspec generate --prompt "Hi!" --draft checkpoints/smollm2-135m-jetspec --compare
     jetspec convert path/to/Qwen3-8B checkpoints/qwen3-8b --dtype bfloat16
     jetspec generate --draft-mode path --budget auto
+    jetspec generate --stream --prompt "Tell me a story."
     jetspec bench --budgets 8 16 32 64 auto --out bench.json
     jetspec train-data --out runs/data --max-seqs 2000
     jetspec train-draft --data runs/data --out runs/head --steps 2000
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -211,6 +213,8 @@ def _generate_parser(sub) -> None:
     p.add_argument("--prefill-chunk", type=positive_int, default=PREFILL_CHUNK, metavar="N",
                    help="prompt tokens per prefill pass; smaller needs less memory for long "
                    "prompts in big batches, with the same output (default: %(default)s)")
+    p.add_argument("--stream", action="store_true",
+                   help="print the text as it is generated (one prompt; the same tokens)")
     p.set_defaults(run=run_generate)
 
 
@@ -256,21 +260,47 @@ def run_generate(args) -> None:
     api.decoding_options(budget=args.budget, width=args.width, tree=args.tree,
                          draft_mode=args.draft_mode, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, attn_impl=args.attn_impl)
+    if args.stream and (len(prompts) != 1 or args.compare):
+        raise ValueError("--stream prints one generation as it is made: give one prompt and "
+                         f"no --compare (got {len(prompts)} prompts"
+                         + (", --compare)" if args.compare else ")"))
     target, draft = _load(args, need_draft=False)
     if args.compare and draft is None:
         print("note: --compare needs a draft head; nothing to compare with", file=sys.stderr)
-    result = api.generate(
-        target, prompts, draft=draft, max_new_tokens=args.max_new_tokens, budget=args.budget,
-        width=args.width, tree=args.tree, draft_mode=args.draft_mode,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        chat=not args.no_chat, attn_impl=args.attn_impl, compare_autoregressive=args.compare,
-        prefill_chunk=args.prefill_chunk)
+    options = dict(draft=draft, max_new_tokens=args.max_new_tokens, budget=args.budget,
+                   width=args.width, tree=args.tree, draft_mode=args.draft_mode,
+                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   seed=args.seed, chat=not args.no_chat, attn_impl=args.attn_impl,
+                   prefill_chunk=args.prefill_chunk)
+    if args.stream:
+        print_stream(lambda: api.stream(target, prompts, **options))
+        return
+    result = api.generate(target, prompts, compare_autoregressive=args.compare, **options)
     for i, text in enumerate(result.texts):
         if len(result.texts) > 1:
             print(f"=== prompt {i} ===")
         print(text)
     print()
     print(result.summary())
+
+
+def print_stream(make_chunks) -> None:
+    """Writes one sequence's text as its chunks come, then its counts and rates: compilation,
+    the prefill (the first chunk) and the rest are timed apart."""
+    start = time.perf_counter()
+    chunks = make_chunks()
+    compile_s = time.perf_counter() - start
+    for i, chunk in enumerate(chunks):
+        sys.stdout.write(chunk.texts[0])
+        sys.stdout.flush()
+        if i == 0:
+            first_s, first = time.perf_counter() - start - compile_s, chunk.num_tokens[0]
+    rest_s = time.perf_counter() - start - compile_s - first_s
+    rest = chunk.num_tokens[0] - first
+    print(f"\n\n{chunk.num_tokens[0]} tokens: compilation {compile_s:.1f} s, the first token "
+          f"{first_s:.2f} s later, then {rest / max(rest_s, 1e-9):.1f} tok/s"
+          + ("" if chunk.rounds is None else
+             f" ({chunk.rounds[0]} rounds, tau {rest / max(chunk.rounds[0], 1):.2f})"))
 
 
 def run_bench(args) -> None:

@@ -1,4 +1,5 @@
-"""Prefill and autoregressive decoding: the whole loop on device in one `lax.while_loop`."""
+"""Prefill and autoregressive decoding: the whole loop on device in one `lax.while_loop`
+(`ar_generate`), or in chunks of steps that a host loop streams (`ar_start`, `ar_continue`)."""
 
 from __future__ import annotations
 
@@ -120,15 +121,31 @@ def check_capacity(prompt_len: int, max_new: int, extra: int, limit: int, num_sl
     return need
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "cfg", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl", "cache_dtype",
-    "prefill_chunk"))
-def ar_generate(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
-                sampler: Sampler, stop_ids: tuple[int, ...], num_slots: int,
-                attn_impl: str = "reference", cache_dtype=jnp.float32,
-                prefill_chunk: int = PREFILL_CHUNK) -> Output:
-    """Autoregressive decoding of a right-padded batch; returns the generated tokens.
-    prefill_chunk: prompt tokens per prefill pass (`prefill`)."""
+def loop_until_done(body, state, max_iters: int | None = None):
+    """body applied while some sequence of state.out is unfinished, at most max_iters times
+    (None: no limit). One `lax.while_loop`: the whole generation (or one streamed chunk of it)
+    stays on device."""
+    if max_iters is None:
+        return jax.lax.while_loop(lambda s: ~jnp.all(s.out.done), body, state)
+    state, _ = jax.lax.while_loop(lambda c: ~jnp.all(c[0].out.done) & (c[1] < max_iters),
+                                  lambda c: (body(c[0]), c[1] + 1), (state, jnp.int32(0)))
+    return state
+
+
+@flax.struct.dataclass
+class ARState:
+    """Autoregressive decoding between steps: what a streamed generation carries across calls."""
+    cache: KVCache
+    out: Output
+    last: jax.Array  # [B] the newest token, not yet in the cache
+    key: jax.Array
+
+
+def ar_start(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
+             sampler: Sampler, stop_ids: tuple[int, ...], num_slots: int,
+             attn_impl: str = "reference", cache_dtype=jnp.float32,
+             prefill_chunk: int = PREFILL_CHUNK) -> ARState:
+    """Prefill and the first token. prefill_chunk: prompt tokens per prefill pass (`prefill`)."""
     b = prompt.shape[0]
     check_capacity(prompt.shape[1], max_new, 1, cfg.max_position_embeddings, num_slots)
     cache = target.allocate_cache(cfg, b, num_slots, cache_dtype)
@@ -138,17 +155,39 @@ def ar_generate(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: 
     first = choose_tokens(sub, logits, sampler)
     out = Output.empty(b, max_new + 1).append(first[:, None], jnp.ones((b,), jnp.int32),
                                                stop_ids, max_new)
+    return ARState(cache=cache, out=out, last=first, key=key)
 
-    def step(carry):
-        cache, out, last, key = carry
-        key, sub = jax.random.split(key)
-        nxt, cache = decode_step(params, cfg, cache, last, sub, sampler, out.done, attn_impl)
-        out = out.append(nxt[:, None], jnp.ones((b,), jnp.int32), stop_ids, max_new)
-        return cache, out, nxt, key
 
-    _, out, _, _ = jax.lax.while_loop(lambda c: ~jnp.all(c[1].done), step,
-                                      (cache, out, first, key))
-    return out
+def ar_continue(params, state: ARState, *, cfg: ModelConfig, max_new: int, sampler: Sampler,
+                stop_ids: tuple[int, ...], attn_impl: str = "reference",
+                max_steps: int | None = None) -> ARState:
+    """Decoding steps until every sequence is done, or max_steps of them."""
+    ones = jnp.ones(state.last.shape, jnp.int32)
+
+    def step(s: ARState) -> ARState:
+        key, sub = jax.random.split(s.key)
+        nxt, cache = decode_step(params, cfg, s.cache, s.last, sub, sampler, s.out.done,
+                                 attn_impl)
+        return ARState(cache=cache, out=s.out.append(nxt[:, None], ones, stop_ids, max_new),
+                       last=nxt, key=key)
+
+    return loop_until_done(step, state, max_steps)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "cfg", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl", "cache_dtype",
+    "prefill_chunk"))
+def ar_generate(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
+                sampler: Sampler, stop_ids: tuple[int, ...], num_slots: int,
+                attn_impl: str = "reference", cache_dtype=jnp.float32,
+                prefill_chunk: int = PREFILL_CHUNK) -> Output:
+    """Autoregressive decoding of a right-padded batch; returns the generated tokens.
+    prefill_chunk: prompt tokens per prefill pass (`prefill`)."""
+    state = ar_start(params, prompt, prompt_lens, key, cfg=cfg, max_new=max_new,
+                     sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,
+                     attn_impl=attn_impl, cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
+    return ar_continue(params, state, cfg=cfg, max_new=max_new, sampler=sampler,
+                       stop_ids=stop_ids, attn_impl=attn_impl).out
 
 
 def decode_step(params, cfg: ModelConfig, cache: KVCache, last, key, sampler: Sampler, done,

@@ -1,5 +1,6 @@
 """The speculative loop: prefill, then rounds of draft -> tree -> verify -> accept -> commit,
-all inside one jitted `lax.while_loop` with no host round trip.
+all inside one jitted `lax.while_loop` with no host round trip (`spec_generate`), or in chunks
+of rounds that a host loop streams (`spec_start`, `spec_continue`).
 
 Two drafting variants hook in here (docs/drafting_variants.md): `TreeSpec.draft_mode="path"`
 refines each round's tree with a path-conditioned head pass (`path_draft.py`), and
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 from jetspec_jax import adaptive, draft_head, path_draft, target
 from jetspec_jax.cache import KVCache
 from jetspec_jax.config import ModelConfig
-from jetspec_jax.decode import PREFILL_CHUNK, Output, check_capacity, prefill
+from jetspec_jax.decode import PREFILL_CHUNK, Output, check_capacity, loop_until_done, prefill
 from jetspec_jax.draft_head import DraftConfig
 from jetspec_jax.sampling import Sampler, choose_tokens
 from jetspec_jax.sharding import constrain_state
@@ -167,6 +168,31 @@ def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, p
         key=key))
 
 
+def spec_start(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
+               dcfg: DraftConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
+               stop_ids: tuple[int, ...], num_slots: int, attn_impl: str = "reference",
+               cache_dtype=jnp.float32, prefill_chunk: int = PREFILL_CHUNK) -> SpecState:
+    """Checks that the batch fits, then `init_state`."""
+    check_capacity(prompt.shape[1], max_new,
+                   working_slots(tree_spec.budget, dcfg.block_size, tree_spec.draft_mode),
+                   tcfg.max_position_embeddings, num_slots)
+    return init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, max_new=max_new,
+                      sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,
+                      attn_impl=attn_impl, cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
+
+
+def spec_continue(tparams, dparams, state: SpecState, *, tcfg: ModelConfig, dcfg: DraftConfig,
+                  tree_spec: TreeSpec, max_new: int, sampler: Sampler,
+                  stop_ids: tuple[int, ...], attn_impl: str = "reference",
+                  max_rounds: int | None = None) -> SpecState:
+    """Speculative rounds until every sequence is done, or max_rounds of them."""
+    round_fn = functools.partial(speculative_round, tparams, tcfg, dparams, dcfg,
+                                 tree_spec=tree_spec, sampler=sampler, stop_ids=stop_ids,
+                                 max_new=max_new, attn_impl=attn_impl)
+    # The carry's caches stay sharded by KV head on a mesh (no-op without one).
+    return loop_until_done(lambda s: constrain_state(round_fn(s)), state, max_rounds)
+
+
 @functools.partial(jax.jit, static_argnames=(
     "tcfg", "dcfg", "tree_spec", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl",
     "cache_dtype", "prefill_chunk"))
@@ -177,17 +203,9 @@ def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConf
                   prefill_chunk: int = PREFILL_CHUNK) -> tuple[Output, SpecStats]:
     """Speculative decoding of a right-padded batch; same outputs as `ar_generate` (greedy:
     token for token; sampling: in distribution)."""
-    check_capacity(prompt.shape[1], max_new,
-                   working_slots(tree_spec.budget, dcfg.block_size, tree_spec.draft_mode),
-                   tcfg.max_position_embeddings, num_slots)
-    state = init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, max_new=max_new,
-                       sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,
-                       attn_impl=attn_impl, cache_dtype=cache_dtype,
-                       prefill_chunk=prefill_chunk)
-    round_fn = functools.partial(speculative_round, tparams, tcfg, dparams, dcfg,
-                                 tree_spec=tree_spec, sampler=sampler, stop_ids=stop_ids,
-                                 max_new=max_new, attn_impl=attn_impl)
-    # The carry's caches stay sharded by KV head on a mesh (no-op without one).
-    state = jax.lax.while_loop(lambda s: ~jnp.all(s.out.done),
-                               lambda s: constrain_state(round_fn(s)), state)
+    loop = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=tree_spec, max_new=max_new, sampler=sampler,
+                stop_ids=stop_ids, attn_impl=attn_impl)
+    state = spec_start(tparams, dparams, prompt, prompt_lens, key, num_slots=num_slots,
+                       cache_dtype=cache_dtype, prefill_chunk=prefill_chunk, **loop)
+    state = spec_continue(tparams, dparams, state, **loop)
     return state.out, state.stats

@@ -214,9 +214,26 @@ def test_cli_draft_mode_and_auto_budget(tiny, capsys, tmp_path, monkeypatch):
 
 
 def test_cli_generate_default_smollm2(capsys):
-    """No model flags: the embedded SmolLM2-135M-Instruct on the built-in prompt."""
-    code, out, _ = run_cli(capsys, "generate", "--max-new-tokens", 8)
-    assert code == 0 and "tok/s" in out and out.strip().splitlines()[0].strip()
+    """No model flags: the embedded SmolLM2-135M-Instruct on the built-in prompt; --stream
+    prints the same text (its byte-level tokenizer decoded chunk by chunk)."""
+    code, out, _ = run_cli(capsys, "generate", "--max-new-tokens", 12)
+    text = out.split("\n\n")[0]
+    assert code == 0 and "tok/s" in out and text.strip()
+    code, streamed, _ = run_cli(capsys, "generate", "--max-new-tokens", 12, "--stream")
+    assert code == 0 and streamed.split("\n\n")[0] == text
+    assert "12 tokens: compilation " in streamed and "rounds, tau " in streamed
+
+
+def test_cli_generate_stream(tiny, capsys):
+    args = ("generate", "--model", tiny.target, "--draft", tiny.head, "--prompt", "w1 w2 w3",
+            "--max-new-tokens", 9, "--budget", 4)
+    code, out, _ = run_cli(capsys, *args)
+    code_s, streamed, _ = run_cli(capsys, *args, "--stream")
+    assert code == code_s == 0 and streamed.split("\n\n")[0] == out.split("\n\n")[0]
+    err = cli_error(capsys, *args, "--prompt", "w4", "--stream")
+    assert "--stream prints one generation as it is made: give one prompt and no --compare " \
+        "(got 2 prompts)" in err
+    assert "(got 1 prompts, --compare)" in cli_error(capsys, *args, "--stream", "--compare")
 
 
 # ---- bad inputs (docs/bad_inputs.md) ---------------------------------------------------------

@@ -138,3 +138,15 @@ def test_bench_fused_gemv_and_xla_flags_quick(tmp_path):
     (row,) = json.loads(flags.read_text())["rows"]
     assert row["rc"] == 0 and "--xla_gpu_enable_pdl=true" in row["flags"]
     assert len([r for r in row["decode"] if "ms_per_token" in r]) == 4
+
+
+def test_bench_stream_quick(tmp_path):
+    """Streamed and whole-loop decoding timed side by side (the script checks their tokens)."""
+    out = tmp_path / "stream.json"
+    run_script("bench/bench_stream.py", "--quick", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["mode"], r["chunk"]) for r in rows] == [
+        ("speculative", "whole"), ("speculative", 2), ("autoregressive", "whole"),
+        ("autoregressive", 2)]
+    assert rows[3]["calls"] == 1 + 7 // 2 + 1 and rows[1]["calls"] == 1 + -(-rows[1]["rounds"] // 2)
+    assert all(r["seconds"] > 0 and r["tokens"] == 8 for r in rows)
