@@ -1,7 +1,8 @@
 """Streaming against the whole loop, in one run: `api.stream` (one compiled call and one read-back
 to the host per chunk of rounds or steps) against `api.generate` (the whole generation in one
 on-device loop), on the same prompts, with the tokens checked equal. Each time includes the
-prefill; compilation is excluded.
+prefill; compilation is excluded. Repeats are interleaved (whole, chunk 1, chunk 4, whole, ...)
+and each variant's median is reported.
 
   python3 bench/bench_stream.py --model qwen3-8b --out $OUT/stream.json
       # random bf16 weights (fused layout on a GPU) and a random reference-sized head
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -80,22 +82,29 @@ def run(args):
               attn_impl=args.attn_impl)
     rows = []
     for mode, head in (("speculative", draft), ("autoregressive", None)):
-        whole = [api.generate(target, prompts, draft=head, **kw) for _ in range(args.repeats + 1)]
-        base = min(r.seconds for r in whole[1:])
-        tokens = whole[0].num_generated
-        rounds = max(whole[0].rounds) if head is not None else None
-        rows.append(dict(mode=mode, chunk="whole", calls=1, seconds=base, tokens=tokens,
-                         ms_per_token=1e3 * base / tokens * args.batch, rounds=rounds,
-                         vs_whole=1.0))
+        ref = api.generate(target, prompts, draft=head, **kw)  # compiles; the tokens to match
+        variants = {"whole": lambda: api.generate(target, prompts, draft=head, **kw).seconds}
         for chunk in args.chunks:
-            make = lambda chunk=chunk: api.stream(target, prompts, draft=head,  # noqa: E731
-                                                  chunk=chunk, **kw)
-            secs = min(stream_seconds(make, whole[0].tokens) for _ in range(args.repeats + 1))
-            steps = rounds if head is not None else max(map(len, whole[0].tokens)) - 1
-            rows.append(dict(mode=mode, chunk=chunk, calls=1 + -(-steps // chunk),
-                             seconds=secs, tokens=tokens,
-                             ms_per_token=1e3 * secs / tokens * args.batch, rounds=rounds,
-                             vs_whole=secs / base))
+            variants[chunk] = lambda chunk=chunk: stream_seconds(
+                lambda: api.stream(target, prompts, draft=head, chunk=chunk, **kw), ref.tokens)
+        # Interleaved repeats after a warm-up of each, so that a drifting machine (a busy CPU)
+        # shifts every variant alike; the median of each.
+        times = {name: [] for name in variants}
+        for rep in range(args.repeats + 1):
+            for name, fn in variants.items():
+                seconds = fn()
+                if rep:
+                    times[name].append(seconds)
+        rounds = max(ref.rounds) if head is not None else None
+        steps = rounds if head is not None else max(map(len, ref.tokens)) - 1
+        base = statistics.median(times["whole"])
+        for name, ts in times.items():
+            secs = statistics.median(ts)
+            rows.append(dict(mode=mode, chunk=name,
+                             calls=1 if name == "whole" else 1 + -(-steps // name),
+                             seconds=secs, seconds_all=ts, tokens=ref.num_generated,
+                             ms_per_token=1e3 * secs / ref.num_generated * args.batch,
+                             rounds=rounds, vs_whole=secs / base))
             print(rows[-1], flush=True)
     return dict(rows=rows, model=args.model, draft=draft.path, dtype=args.dtype,
                 batch=args.batch, prompt_len=args.prompt_len, max_new=args.max_new,
@@ -127,7 +136,7 @@ def main():
     parser.add_argument("--max-new", type=int, default=256)
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--chunks", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs (after one warm-up)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each variant (after one warm-up)")
     parser.add_argument("--attn-impl", default="auto")
     parser.add_argument("--quick", action="store_true", help="tiny random model (CPU check)")
     parser.add_argument("--out", default=None)

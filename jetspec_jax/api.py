@@ -360,8 +360,8 @@ def stream(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]
            **options) -> Iterator[StreamChunk]:
     """`generate`'s decoding (its options but compare_autoregressive; the same tokens),
     yielding them as they are committed: a `StreamChunk` of new token ids and text per
-    sequence after the prefill, then after every `chunk` rounds (speculative; default 1) or
-    decoding steps (autoregressive; default 4). Each chunk is one compiled call and one
+    sequence after the prefill, then after every `chunk` rounds (speculative; default
+    `streaming.SPEC_CHUNK` = 4) or decoding steps (autoregressive; `AR_CHUNK` = 8). Each chunk is one compiled call and one
     read-back to the host. Options are checked, and both programs compiled (or found
     compiled), before this returns."""
     run = _prepare(target, prompts, draft, **options)
