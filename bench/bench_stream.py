@@ -135,8 +135,9 @@ def main():
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-new", type=int, default=256)
     parser.add_argument("--budget", type=int, default=16)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each variant (after one warm-up)")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed runs of each variant (after one warm-up)")
     parser.add_argument("--attn-impl", default="auto")
     parser.add_argument("--quick", action="store_true", help="tiny random model (CPU check)")
     parser.add_argument("--out", default=None)
