@@ -214,14 +214,9 @@ def test_cli_draft_mode_and_auto_budget(tiny, capsys, tmp_path, monkeypatch):
 
 
 def test_cli_generate_default_smollm2(capsys):
-    """No model flags: the embedded SmolLM2-135M-Instruct on the built-in prompt; --stream
-    prints the same text (its byte-level tokenizer decoded chunk by chunk)."""
-    code, out, _ = run_cli(capsys, "generate", "--max-new-tokens", 12)
-    text = out.split("\n\n")[0]
-    assert code == 0 and "tok/s" in out and text.strip()
-    code, streamed, _ = run_cli(capsys, "generate", "--max-new-tokens", 12, "--stream")
-    assert code == 0 and streamed.split("\n\n")[0] == text
-    assert "12 tokens: compilation " in streamed and "rounds, tau " in streamed
+    """No model flags: the embedded SmolLM2-135M-Instruct on the built-in prompt."""
+    code, out, _ = run_cli(capsys, "generate", "--max-new-tokens", 8)
+    assert code == 0 and "tok/s" in out and out.strip().splitlines()[0].strip()
 
 
 def test_cli_generate_stream(tiny, capsys):

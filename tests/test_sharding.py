@@ -176,8 +176,8 @@ def hlo_shape(shape):
 
 
 def check_checkpoint(tmp):
-    """A checkpoint read into shards holds on each device just its part; the API and the CLI
-    decode on a mesh with the tokens of one device."""
+    """A checkpoint read into shards holds on each device just its part; the API (whole and
+    streamed) and the CLI decode on a mesh with the tokens of one device."""
     from test_api_cli import word_tokenizer
 
     from jetspec_jax.head_io import save_draft
@@ -207,6 +207,9 @@ def check_checkpoint(tmp):
     assert target.params["layers"][0]["gate"].sharding.spec == PS("ep", None, "tp")
     sharded = api.generate(target, draft=api.load_draft(head, target), **run)
     assert sharded.tokens == one.tokens and sharded.ar_tokens == one.ar_tokens
+    run.pop("compare_autoregressive")
+    streamed = api.stream(target, draft=api.load_draft(head, target), chunk=3, **run)
+    assert sum((c.tokens[0] for c in streamed), []) == one.tokens[0]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = main(["generate", "--model", str(path), "--draft", str(head), "--mesh",

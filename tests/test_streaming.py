@@ -1,6 +1,6 @@
 """`api.stream`: the decoding loops in chunks give the tokens of the whole loop (and so, greedy,
-the autoregressive tokens), chunk by chunk as they are committed; the text deltas of a
-tokenizer that cuts characters between tokens."""
+the autoregressive tokens), chunk by chunk as they are committed; the text deltas of
+tokenizers that cut characters between tokens (a byte-per-token one and Qwen3's)."""
 
 import math
 
@@ -11,6 +11,7 @@ from helpers import random_prompts, tiny_head, tiny_target
 from jetspec_jax import api
 from jetspec_jax.loading import Draft, Target
 from jetspec_jax.streaming import TextDeltas
+from jetspec_jax.tokenizer import Tokenizer
 
 
 def models(kind, seed):
@@ -88,3 +89,15 @@ def test_text_deltas_hold_back_a_character_until_its_bytes_are_all_there():
     cut = TextDeltas(ByteTokenizer(), batch=1)  # a sequence ending mid-character
     assert cut(0, ids[:3], final=False) == "na" and cut(0, ids[:3], final=True) == "\ufffd"
     assert TextDeltas(None, batch=2)(1, ids, final=True) == ""
+
+
+def test_text_deltas_with_the_real_qwen3_tokenizer():
+    """Byte-level BPE splits rare characters over tokens: one token at a time, the deltas
+    still join to the text, with nothing half-decoded in between."""
+    tok = Tokenizer.qwen3()
+    text = "Ответ: 東京 𝔘𝔫𝔦 🎉 naïve ∮ dx"
+    ids = tok.encode(text, add_special_tokens=False)
+    deltas = TextDeltas(tok, batch=1)
+    out = [deltas(0, ids[:n], final=n == len(ids)) for n in range(1, len(ids) + 1)]
+    assert "".join(out) == text and not any("\ufffd" in d for d in out)
+    assert "" in out[:-1]  # some character waited for its next token
