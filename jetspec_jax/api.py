@@ -361,9 +361,9 @@ def stream(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]
     """`generate`'s decoding (its options but compare_autoregressive; the same tokens),
     yielding them as they are committed: a `StreamChunk` of new token ids and text per
     sequence after the prefill, then after every `chunk` rounds (speculative; default
-    `streaming.SPEC_CHUNK` = 4) or decoding steps (autoregressive; `AR_CHUNK` = 8). Each chunk is one compiled call and one
-    read-back to the host. Options are checked, and both programs compiled (or found
-    compiled), before this returns."""
+    `streaming.SPEC_CHUNK` = 4) or decoding steps (autoregressive; `AR_CHUNK` = 8). Each
+    chunk is one compiled call and one read-back to the host. Options are checked, and both
+    programs compiled (or found compiled), before this returns."""
     run = _prepare(target, prompts, draft, **options)
     if draft is None:
         steps = streaming.ar_steps(target.cfg, run.static, chunk)

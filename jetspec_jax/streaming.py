@@ -107,7 +107,7 @@ def chunks(start: Callable, advance: Callable, tokenizer) -> Iterator[StreamChun
     seen = None
     while True:
         out = jax.device_get(state.out)  # before `advance` donates the state's buffers
-        tokens, counts, done = np.asarray(out.tokens), np.asarray(out.num_tokens), out.done
+        tokens, counts, done = map(np.asarray, (out.tokens, out.num_tokens, out.done))
         if seen is None:
             seen, deltas = np.zeros_like(counts), TextDeltas(tokenizer, len(counts))
         stats = getattr(state, "stats", None)
@@ -115,7 +115,7 @@ def chunks(start: Callable, advance: Callable, tokenizer) -> Iterator[StreamChun
             tokens=[tokens[b, seen[b]:n].tolist() for b, n in enumerate(counts)],
             texts=[deltas(b, tokens[b, :n].tolist(), bool(done[b])) if n > seen[b] else ""
                    for b, n in enumerate(counts)],
-            done=np.asarray(done).tolist(), num_tokens=counts.tolist(),
+            done=done.tolist(), num_tokens=counts.tolist(),
             rounds=None if stats is None else np.asarray(stats.rounds).tolist())
         if np.all(done):
             return
