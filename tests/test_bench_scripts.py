@@ -150,3 +150,13 @@ def test_bench_stream_quick(tmp_path):
         ("autoregressive", 2)]
     assert rows[3]["calls"] == 1 + 7 // 2 + 1 and rows[1]["calls"] == 1 + -(-rows[1]["rounds"] // 2)
     assert all(r["seconds"] > 0 and r["tokens"] == 8 for r in rows)
+
+
+def test_probe_stream_calls_quick(tmp_path):
+    out = tmp_path / "calls.json"
+    run_script("bench/probe_stream_calls.py", "--quick", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["mode"], r["chunk"]) for r in rows] == [
+        ("autoregressive", 1), ("autoregressive", 2), ("speculative", 1), ("speculative", 2)]
+    assert all(r["unfinished"] and r["temp_mb"] > 0 and r["faults_per_call"] >= 0
+               and r["ms_per_step"] > 0 and r["idle_call_ms"] > 0 for r in rows)
