@@ -25,6 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_io import command_line, write_json  # noqa: E402
 
 
+MODELS = ("qwen3-8b", "qwen3-30b-a3b", "smollm2-135m", "tiny")
+
+
+def add_model_options(parser, *, model: str, dtype: str) -> None:
+    """--model (one of MODELS, as `load` reads it) and --dtype, with these defaults."""
+    parser.add_argument("--model", default=model, choices=MODELS)
+    parser.add_argument("--dtype", default=dtype, choices=["bfloat16", "float32"])
+
+
 def random_models(cfg, dtype):
     """A Target and a Draft of random weights: a reference-sized head (5 layers, block 16),
     two layers and block 6 for a tiny target."""
@@ -128,9 +137,7 @@ def table(result) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen3-8b",
-                        choices=["qwen3-8b", "qwen3-30b-a3b", "smollm2-135m", "tiny"])
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    add_model_options(parser, model="qwen3-8b", dtype="bfloat16")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-new", type=int, default=256)

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_stream import load  # noqa: E402
+from bench_stream import add_model_options, load  # noqa: E402
 from results_io import command_line, write_json  # noqa: E402
 
 
@@ -69,9 +69,7 @@ def probe(target, head, prompts, kw, chunk, calls):
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m",
-                        choices=["qwen3-8b", "qwen3-30b-a3b", "smollm2-135m", "tiny"])
-    parser.add_argument("--dtype", default="float32", choices=["bfloat16", "float32"])
+    add_model_options(parser, model="smollm2-135m", dtype="float32")
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--budget", type=int, default=4)
     parser.add_argument("--chunks", type=int, nargs="+", default=[1, 4, 16])
