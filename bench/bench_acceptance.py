@@ -26,7 +26,7 @@ from results_io import command_line, write_json  # noqa: E402
 import jax  # noqa: E402
 
 from jetspec_jax import api  # noqa: E402
-from jetspec_jax.convert.common import package_file  # noqa: E402
+from jetspec_jax.io.convert.common import package_file  # noqa: E402
 
 
 def humaneval():

@@ -70,8 +70,8 @@ def bench_jax(args):
     import jax
     import jax.numpy as jnp
 
-    from jetspec_jax import config, params as P
-    from jetspec_jax.layout import fuse_projections
+    from jetspec_jax.model import config, params as P
+    from jetspec_jax.model.layout import fuse_projections
 
     stream_bw, copy_bw = measure_bandwidth()
     print(f"bandwidth: weight streaming {stream_bw / 1e12:.2f} TB/s, copy {copy_bw / 1e12:.2f} TB/s",
@@ -105,7 +105,7 @@ def random_params(specs, dtype="bfloat16"):
     import jax
     import jax.numpy as jnp
 
-    from jetspec_jax.params import is_spec
+    from jetspec_jax.model.params import is_spec
 
     @functools.partial(jax.jit, static_argnames=("shape", "ones"))
     def make(key, shape, ones):
@@ -123,9 +123,9 @@ def time_model(cfg, params, context, attn_impl, stream_bw):
     import jax
     import jax.numpy as jnp
 
-    from jetspec_jax import target
-    from jetspec_jax.decode import decode_step, prefill
-    from jetspec_jax.sampling import Sampler
+    from jetspec_jax.decode.autoregressive import decode_step, prefill
+    from jetspec_jax.decode.sampling import Sampler
+    from jetspec_jax.model import target
 
     num_slots = context + 512
     greedy = Sampler()
@@ -206,7 +206,7 @@ def bench_hf(args):
     import torch
     import transformers
 
-    from jetspec_jax import config
+    from jetspec_jax.model import config
 
     rows = []
     for name in args.models:
@@ -272,7 +272,7 @@ def main():
     parser.add_argument("--layouts", nargs="+", default=["separate"],
                         choices=["separate", "fused"],
                         help="weight layouts timed in turn, same weights: fused = q/k/v and "
-                             "gate/up concatenated (jetspec_jax.layout)")
+                             "gate/up concatenated (jetspec_jax.model.layout)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.stage == "report":

@@ -1,6 +1,6 @@
 """Drafting variants at equal budgets: the per-depth tree (the paper's drafter), the
-path-conditioned tree (`jetspec_jax/path_draft.py`) and the adaptive budget
-(`jetspec_jax/adaptive.py`, buckets up to the budget), each against autoregressive decoding
+path-conditioned tree (`jetspec_jax/draft/path.py`) and the adaptive budget
+(`jetspec_jax/decode/adaptive.py`, buckets up to the budget), each against autoregressive decoding
 of the same batch. Greedy; outputs are compared token for token with autoregressive decoding.
 
 Prompts come from the benchmark sets of bench/bench_acceptance.py (same loaders). Per
@@ -36,10 +36,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_acceptance import BENCHMARKS  # noqa: E402
-from jetspec_jax import adaptive, api, draft_head, params as P  # noqa: E402
-from jetspec_jax.decode import ar_generate  # noqa: E402
-from jetspec_jax.sampling import Sampler  # noqa: E402
-from jetspec_jax.speculative import TreeSpec, spec_generate, working_slots  # noqa: E402
+from jetspec_jax import api  # noqa: E402
+from jetspec_jax.decode import adaptive
+from jetspec_jax.decode.autoregressive import ar_generate  # noqa: E402
+from jetspec_jax.decode.sampling import Sampler  # noqa: E402
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots  # noqa: E402
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.model import params as P
 
 MODES = {  # name -> (draft_mode, adaptive)
     "per_depth": ("per_depth", False),

@@ -203,7 +203,7 @@ def bench_decode_steps(models, args):
     import jax
 
     from bench_decode import random_params, time_model, weight_bytes_per_token
-    from jetspec_jax import config, params as P
+    from jetspec_jax.model import config, params as P
 
     rows = []
     for name, impls in models.items():

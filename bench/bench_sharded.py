@@ -38,12 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results_io import command_line, write_json  # noqa: E402
 import trace_summary  # noqa: E402
-from jetspec_jax import config, draft_head, params as P, sharding  # noqa: E402
-from jetspec_jax.cache import KVCache  # noqa: E402
-from jetspec_jax.decode import decode_step  # noqa: E402
-from jetspec_jax.params import is_spec  # noqa: E402
-from jetspec_jax.sampling import Sampler  # noqa: E402
-from jetspec_jax.speculative import (TreeSpec, init_state, speculative_round,  # noqa: E402
+from jetspec_jax.decode.autoregressive import decode_step  # noqa: E402
+from jetspec_jax.decode.sampling import Sampler  # noqa: E402
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.model import config, params as P, sharding  # noqa: E402
+from jetspec_jax.model.cache import KVCache  # noqa: E402
+from jetspec_jax.model.params import is_spec  # noqa: E402
+from jetspec_jax.decode.speculative import (TreeSpec, init_state, speculative_round,  # noqa: E402
                                      working_slots)
 
 GREEDY = Sampler()

@@ -27,13 +27,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_decode import random_params  # noqa: E402
-from jetspec_jax import config, draft_head, params as P  # noqa: E402
-from jetspec_jax.decode import ar_generate, decode_step  # noqa: E402
-from jetspec_jax.layout import fuse_projections  # noqa: E402
-from jetspec_jax.sampling import Sampler  # noqa: E402
-from jetspec_jax.speculative import TreeSpec, init_state, spec_generate, speculative_round  # noqa: E402
-from jetspec_jax.tree import build_trees, topk_from_logits  # noqa: E402
-from jetspec_jax.verify import accept, commit, verify_tree  # noqa: E402
+from jetspec_jax.decode.autoregressive import ar_generate, decode_step  # noqa: E402
+from jetspec_jax.decode.sampling import Sampler  # noqa: E402
+from jetspec_jax.decode.speculative import (  # noqa: E402
+    TreeSpec,
+    init_state,
+    spec_generate,
+    speculative_round,
+)
+from jetspec_jax.decode.tree import build_trees, topk_from_logits  # noqa: E402
+from jetspec_jax.decode.verify import accept, commit, verify_tree  # noqa: E402
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.model import config, params as P  # noqa: E402
+from jetspec_jax.model.layout import fuse_projections  # noqa: E402
 from results_io import command_line, resume, write_json  # noqa: E402
 from timing import median_seconds  # noqa: E402
 import trace_summary  # noqa: E402
@@ -212,7 +218,7 @@ def main():
     ap.add_argument("--model", default="qwen3-8b", help="preset name of the timed target")
     ap.add_argument("--layout", choices=["separate", "fused"], default="separate",
                     help="target weights as loaded, or with q/k/v and gate/up concatenated "
-                         "(jetspec_jax.layout)")
+                         "(jetspec_jax.model.layout)")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--time-budget-s", type=float, default=float("inf"),
                     help="skip the configurations that would start after this many seconds")
@@ -240,7 +246,7 @@ def main():
             print(json.dumps(result["checks"][-1]), flush=True)
     tcfg = config.preset(args.model)
     tp = random_params(P.target_specs(tcfg))
-    if args.layout == "fused":  # q/k/v and gate/up concatenated (jetspec_jax.layout)
+    if args.layout == "fused":  # q/k/v and gate/up concatenated (jetspec_jax.model.layout)
         tp = jax.block_until_ready(jax.jit(fuse_projections)(tp))
     dcfg = draft_head.draft_config_for(tcfg, num_layers=5, block_size=16, num_taps=5)
     dp = random_params(draft_head.draft_specs(dcfg))

@@ -40,8 +40,9 @@ def random_models(cfg, dtype):
     import jax
 
     from bench_decode import random_params
-    from jetspec_jax import draft_head, layout, params as P
-    from jetspec_jax.loading import Draft, Target
+    from jetspec_jax.draft import head as draft_head
+    from jetspec_jax.io.load import Draft, Target
+    from jetspec_jax.model import layout, params as P
 
     tparams = random_params(P.target_specs(cfg), dtype)
     if jax.default_backend() == "gpu":  # as `load_target` lays weights out on one GPU
@@ -54,7 +55,8 @@ def random_models(cfg, dtype):
 
 
 def load(name: str, dtype: str):
-    from jetspec_jax import api, config
+    from jetspec_jax import api
+    from jetspec_jax.model import config
 
     if name == "smollm2-135m":
         target = api.load_target(name, dtype=dtype)

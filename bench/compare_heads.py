@@ -39,13 +39,14 @@ import numpy as np  # noqa: E402
 from bench_acceptance import BENCHMARKS  # noqa: E402
 from results_io import command_line, resume, write_json, write_text  # noqa: E402
 from timing import sample_seconds  # noqa: E402
-from jetspec_jax import api, draft_head  # noqa: E402
-from jetspec_jax import target as target_model  # noqa: E402
-from jetspec_jax.cache import KVCache  # noqa: E402
-from jetspec_jax.decode import prefill  # noqa: E402
-from jetspec_jax.sampling import Sampler  # noqa: E402
+from jetspec_jax import api  # noqa: E402
+from jetspec_jax.decode.autoregressive import prefill  # noqa: E402
+from jetspec_jax.decode.sampling import Sampler  # noqa: E402
+from jetspec_jax.decode.tree import build_trees, topk_from_logits  # noqa: E402
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.model import target as target_model  # noqa: E402
+from jetspec_jax.model.cache import KVCache  # noqa: E402
 from jetspec_jax.train import eagle  # noqa: E402
-from jetspec_jax.tree import build_trees, topk_from_logits  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = {  # name -> (kind, default path, label)

@@ -49,10 +49,12 @@ def child(args) -> None:
     import jax.numpy as jnp
 
     from bench_decode import random_params
-    from jetspec_jax import api, config, draft_head, params as P
-    from jetspec_jax.decode import ar_generate
-    from jetspec_jax.sampling import Sampler
-    from jetspec_jax.speculative import TreeSpec, spec_generate
+    from jetspec_jax import api
+    from jetspec_jax.decode.autoregressive import ar_generate
+    from jetspec_jax.decode.sampling import Sampler
+    from jetspec_jax.decode.speculative import TreeSpec, spec_generate
+    from jetspec_jax.draft import head as draft_head
+    from jetspec_jax.model import config, params as P
 
     started = time.perf_counter()
     jax.config.update("jax_enable_compilation_cache", False)

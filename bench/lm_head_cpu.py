@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results_io import command_line, write_json  # noqa: E402
 
-from jetspec_jax.convert import load_target  # noqa: E402
+from jetspec_jax.io.convert import load_target  # noqa: E402
 
 FORMS = {
     "embed.T": lambda h, e: jnp.einsum("BTD,DV->BTV", h, e.T, preferred_element_type=jnp.float32),

@@ -1,5 +1,5 @@
 """Memory per device for Qwen3-8B and Qwen3-30B-A3B on 1, 2, 4 and 8 H200s, from the ParamSpec
-trees, `jax.eval_shape` of the caches and the sharding rules (`jetspec_jax/sharding.py`): the
+trees, `jax.eval_shape` of the caches and the sharding rules (`jetspec_jax/model/sharding.py`): the
 shard shape of every abstract array on an abstract mesh. Nothing is allocated; runs anywhere.
 
   python bench/memory_dryrun.py      # prints the tables, writes bench/results/memory_dryrun.md
@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results_io import write_text  # noqa: E402
 
-from jetspec_jax import config, draft_head, params as P, sharding, target  # noqa: E402
-from jetspec_jax.speculative import working_slots  # noqa: E402
+from jetspec_jax.decode.speculative import working_slots  # noqa: E402
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.model import config, params as P, sharding, target  # noqa: E402
 
 GIB = 2**30
 USABLE_GIB = 139

@@ -27,9 +27,9 @@ def analyse(cfg, params, batch: int, width: int, slots: int, max_new: int,
     import jax
     import jax.numpy as jnp
 
-    from jetspec_jax import target
-    from jetspec_jax.decode import ar_generate
-    from jetspec_jax.sampling import Sampler
+    from jetspec_jax.decode.autoregressive import ar_generate
+    from jetspec_jax.decode.sampling import Sampler
+    from jetspec_jax.model import target
 
     start = time.perf_counter()
     compiled = ar_generate.lower(
@@ -67,7 +67,8 @@ def main(argv=None) -> None:
     import jax
     import jax.numpy as jnp
 
-    from jetspec_jax import config, decode, params as P
+    from jetspec_jax.decode import autoregressive as decode
+    from jetspec_jax.model import config, params as P
 
     cfg = config.preset(args.model)
     params = jax.eval_shape(lambda k: P.init_params(P.target_specs(cfg), k, jnp.float32),

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results_io import write_text  # noqa: E402
 
-from jetspec_jax import config  # noqa: E402
+from jetspec_jax.model import config  # noqa: E402
 
 BUDGETS = (1, 16, 32, 64, 128, 256)
 

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_io import command_line, write_json  # noqa: E402
 
 import bench_sharded  # noqa: E402
-from jetspec_jax import config, draft_head, params as P, sharding, target  # noqa: E402
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.model import config, params as P, sharding, target  # noqa: E402
 
 
 def main():

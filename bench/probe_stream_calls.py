@@ -44,7 +44,8 @@ def time_calls(advance, params, state, calls):
 def probe(target, head, prompts, kw, chunk, calls):
     import jax
 
-    from jetspec_jax import api, streaming
+    from jetspec_jax import api
+    from jetspec_jax.decode import streaming
 
     run = api._prepare(target, prompts, head, **kw)
     params = (run.tparams,) if head is None else (run.tparams, run.dparams)

@@ -1,4 +1,4 @@
-"""How the benches write their result files: whole or not at all (`jetspec_jax.files`: a
+"""How the benches write their result files: whole or not at all (`jetspec_jax.io.files`: a
 temporary file in the same folder, then an atomic rename), so a run cut by a time limit never
 leaves half a JSON; and `resume`, which the benches with --resume share. Importing it does not
 import jax."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # uninstalled on the GPU machine
-from jetspec_jax.files import write_atomic, write_json, write_text  # noqa: E402
+from jetspec_jax.io.files import write_atomic, write_json, write_text  # noqa: E402
 
 __all__ = ["command_line", "resume", "write_atomic", "write_json", "write_text"]
 

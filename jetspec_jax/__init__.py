@@ -5,7 +5,7 @@
     print(js.generate(target, "Why is the sky blue?").texts[0])
 
 The API names below come from `jetspec_jax.api`, imported on first use, so that importing
-one submodule (`jetspec_jax.config`, ...) does not load the whole stack.
+one submodule (`jetspec_jax.model.config`, ...) does not load the whole stack.
 """
 
 _API = ("Target", "Draft", "GenerationResult", "load_target", "load_draft",

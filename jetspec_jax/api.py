@@ -25,18 +25,19 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jetspec_jax import adaptive, layout, sharding, streaming
-from jetspec_jax.decode import PREFILL_CHUNK, ar_generate, check_capacity
-from jetspec_jax.draft_head import draft_specs
-from jetspec_jax.loading import (  # noqa: F401  (re-exported: the API's loading half)
+from jetspec_jax.decode import adaptive, streaming
+from jetspec_jax.decode.autoregressive import PREFILL_CHUNK, ar_generate, check_capacity
+from jetspec_jax.draft.head import draft_specs
+from jetspec_jax.model import layout, sharding
+from jetspec_jax.io.load import (  # noqa: F401  (re-exported: the API's loading half)
     CHECKPOINT_DIRS, DEFAULT_MODEL, DTYPES, Draft, Target, check_fits, default_draft_path,
     load_draft, load_target, read_prompt_file, resolve_dtype)
-from jetspec_jax.params import target_specs
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
+from jetspec_jax.decode.streaming import StreamChunk
+from jetspec_jax.io.tokenizer import TokenizerError
+from jetspec_jax.model.params import target_specs
 from jetspec_jax.results import GenerationResult, format_mix  # noqa: F401
-from jetspec_jax.sampling import Sampler
-from jetspec_jax.speculative import TreeSpec, spec_generate, working_slots
-from jetspec_jax.streaming import StreamChunk
-from jetspec_jax.tokenizer import TokenizerError
 from pallas_kernels.tree_attention.api import IMPLEMENTATIONS
 
 ATTN_IMPLS = ("auto", *IMPLEMENTATIONS, "fused")  # "fused": target.FUSED_IMPLS

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import jax
 
-from jetspec_jax import adaptive, api
-from jetspec_jax.decode import PREFILL_CHUNK
-from jetspec_jax.speculative import DRAFT_MODES
+from jetspec_jax import api
+from jetspec_jax.decode import adaptive
+from jetspec_jax.decode.autoregressive import PREFILL_CHUNK
+from jetspec_jax.decode.speculative import DRAFT_MODES
 
 BUILTIN_PROMPT = "Explain in three sentences why the sky is blue."
 BENCH_PROMPTS = (
@@ -118,8 +119,8 @@ def run_convert(args) -> None:
     if Path(args.dst).exists() and not args.overwrite:  # before the (long) conversion
         raise FileExistsError(f"{args.dst} exists; pass --overwrite to replace it")
     if args.head:
-        from jetspec_jax import head_io
-        from jetspec_jax.checkpoint import read_info
+        from jetspec_jax.io import heads as head_io
+        from jetspec_jax.io.checkpoints import read_info
         from jetspec_jax.train import eagle
 
         meta = (Path(args.src) / "metadata.json").is_file() and read_info(args.src)[1]
@@ -129,7 +130,7 @@ def run_convert(args) -> None:
             dst = head_io.convert_head(args.src, args.dst, dtype=dtype,
                                        overwrite=args.overwrite, progress=True)
     else:
-        from jetspec_jax.convert import convert
+        from jetspec_jax.io.convert import convert
 
         dst = convert(args.src, args.dst, dtype=dtype, overwrite=args.overwrite)
     print(f"wrote {dst}")
@@ -367,7 +368,7 @@ def _train_data_parser(sub) -> None:
 
 
 def run_train_data(args) -> None:
-    from jetspec_jax.sampling import Sampler
+    from jetspec_jax.decode.sampling import Sampler
     from jetspec_jax.train.data import make_dataset, read_prompts, sharegpt_path
 
     prompts = read_prompts(args.prompts or sharegpt_path(), split=args.split)

@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from jetspec_jax.speculative import TreeSpec
+from jetspec_jax.decode.speculative import TreeSpec
 
 
 @dataclasses.dataclass

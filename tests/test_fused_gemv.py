@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from helpers import count_eqns, random_prompts, tiny_target
-from jetspec_jax import target
-from jetspec_jax.decode import ar_generate
-from jetspec_jax.sampling import Sampler
+from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.model import target
 from pallas_kernels.gemv import fused_gemv
 from pallas_kernels.gemv.fused import (FusedGemvConfig, fused_config, fused_gemv_pallas,
                                        fused_gemv_reference, table_key, tuned_fused_config)

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from helpers import random_prompts, tiny_target
-from jetspec_jax import layers
-from jetspec_jax.config import ConfigError
-from jetspec_jax.decode import ar_generate
-from jetspec_jax.sampling import Sampler
+from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.model import layers
+from jetspec_jax.model.config import ConfigError
 from pallas_kernels import common
 from pallas_kernels.gemv import (api, grouped_matmul_sorted, grouped_small_m_matmul,
                                  small_m_matmul)

@@ -11,8 +11,8 @@ import pytest
 import jax.experimental.pallas.mosaic_gpu as plgpu
 
 from helpers import count_eqns, random_prompts, tiny_target
-from jetspec_jax.decode import ar_generate
-from jetspec_jax.sampling import Sampler
+from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.decode.sampling import Sampler
 from pallas_kernels.gemv import small_m_matmul
 from pallas_kernels.gemv.hopper import (HopperGemvConfig, auto_splits, hopper_config,
                                         small_m_matmul_hopper)

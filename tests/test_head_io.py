@@ -15,15 +15,15 @@ from helpers import random_prompts, tiny_head, tiny_target
 from safetensors.numpy import save_file
 
 from helpers import tree_equal
-from jetspec_jax import draft_head
-from jetspec_jax.checkpoint import CheckpointError, save_target
-from jetspec_jax.convert import ConversionError
-from jetspec_jax.decode import ar_generate
-from jetspec_jax.draft_head import default_tap_layers
-from jetspec_jax.head_io import (check_head_fits, convert_head, load_any_draft,
+from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.draft.head import default_tap_layers
+from jetspec_jax.io.checkpoints import CheckpointError, save_target
+from jetspec_jax.io.convert import ConversionError
+from jetspec_jax.io.heads import (check_head_fits, convert_head, load_any_draft,
                                  load_draft, load_reference_head, save_draft)
-from jetspec_jax.sampling import Sampler
-from jetspec_jax.speculative import TreeSpec, spec_generate
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 
 F32 = jnp.float32
 

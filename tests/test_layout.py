@@ -1,4 +1,4 @@
-"""The fused weight layout (`jetspec_jax/layout.py`): q/k/v and gate/up concatenated. Same
+"""The fused weight layout (`jetspec_jax/model/layout.py`): q/k/v and gate/up concatenated. Same
 tokens as the separate layout everywhere the model reads weights (XLA projections, the fused
 Pallas layers, speculative rounds, the API on a mesh), and an exact round trip."""
 
@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from helpers import count_eqns, random_prompts, tiny_head, tiny_target, tree_equal
-from jetspec_jax import api, layout
-from jetspec_jax.checkpoint import save_target
-from jetspec_jax.decode import ar_generate
-from jetspec_jax.head_io import save_draft
-from jetspec_jax.sampling import Sampler
-from jetspec_jax.speculative import TreeSpec, spec_generate
+from jetspec_jax import api
+from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate
+from jetspec_jax.io.checkpoints import save_target
+from jetspec_jax.io.heads import save_draft
+from jetspec_jax.model import layout
 from test_api_cli import word_tokenizer
 from test_speculative import assert_same
 

@@ -17,12 +17,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from helpers import random_prompts, tiny_head, tiny_target
 from test_sampling import check_speculative_sampling
 from test_speculative import assert_same, check_greedy_case, run_both
-from jetspec_jax import draft_head, path_draft, target
-from jetspec_jax.sampling import Sampler
-from jetspec_jax.speculative import TreeSpec, spec_generate, working_slots
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
+from jetspec_jax.decode.tree import ancestor_matrix, build_trees, topk_from_logits
+from jetspec_jax.draft import head as draft_head, path as path_draft
+from jetspec_jax.model import target
 from jetspec_jax.train import prefix_fill
 from jetspec_jax.train.head_forward import head_logits, target_pass
-from jetspec_jax.tree import ancestor_matrix, build_trees, topk_from_logits
 
 ATOL = 2e-5
 # Jitted once per config: eager op-by-op dispatch is what costs time on the CPU.

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from helpers import random_prompts, tiny_head, tiny_target
-from jetspec_jax import decode, target
-from jetspec_jax.decode import ar_generate
-from jetspec_jax.params import init_params
-from jetspec_jax.sampling import Sampler
-from jetspec_jax.speculative import TreeSpec, spec_generate
+from jetspec_jax.decode import autoregressive as decode
+from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate
+from jetspec_jax.model import target
+from jetspec_jax.model.params import init_params
 from jetspec_jax.train import eagle
 from test_speculative import assert_same, run_both
 

@@ -16,10 +16,10 @@ import pytest
 from scipy import stats
 
 from helpers import tiny_head, tiny_target
-from jetspec_jax import target
-from jetspec_jax.decode import ar_generate
-from jetspec_jax.sampling import Sampler, filtered_logits
-from jetspec_jax.speculative import TreeSpec, spec_generate
+from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.decode.sampling import Sampler, filtered_logits
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate
+from jetspec_jax.model import target
 
 NUM = 4000
 NEW = 3

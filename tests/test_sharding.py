@@ -1,4 +1,4 @@
-"""Tensor and expert parallel decoding (`jetspec_jax/sharding.py`) on fake CPU devices.
+"""Tensor and expert parallel decoding (`jetspec_jax/model/sharding.py`) on fake CPU devices.
 
 Fake devices need XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax is imported,
 and the pytest workers have imported jax (one device) long before this module. A conftest
@@ -22,12 +22,14 @@ import pytest
 from jax.sharding import PartitionSpec as PS
 
 from helpers import random_prompts, tiny_head, tiny_target
-from jetspec_jax import api, config, draft_head, params as P, sharding
-from jetspec_jax.cache import KV_AXES
-from jetspec_jax.checkpoint import load_target_checkpoint, save_target
+from jetspec_jax import api
 from jetspec_jax.cli import main
-from jetspec_jax.sampling import Sampler
-from jetspec_jax.speculative import TreeSpec, spec_generate
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.io.checkpoints import load_target_checkpoint, save_target
+from jetspec_jax.model import config, params as P, sharding
+from jetspec_jax.model.cache import KV_AXES
 
 FAKE_DEVICES = 8
 COLLECTIVES = r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)\b"
@@ -144,8 +146,8 @@ def check_argmax():
     """Greedy tokens on a tensor-parallel mesh: the vocab-parallel argmax is two all-reduces,
     no all-gather (those were slow on 2 H200s), and gives jnp.argmax's answer, ties included
     (the first index of the max); greedy AR decoding gives the unsharded tokens."""
-    from jetspec_jax.decode import ar_generate
-    from jetspec_jax.sampling import greedy_tokens
+    from jetspec_jax.decode.autoregressive import ar_generate
+    from jetspec_jax.decode.sampling import greedy_tokens
 
     mesh = sharding.make_mesh("tp=8")
     rng = np.random.default_rng(0)
@@ -180,7 +182,7 @@ def check_checkpoint(tmp):
     streamed) and the CLI decode on a mesh with the tokens of one device."""
     from test_api_cli import word_tokenizer
 
-    from jetspec_jax.head_io import save_draft
+    from jetspec_jax.io.heads import save_draft
 
     tmp = Path(tmp)
     tcfg, tp = tiny_target("moe", seed=2, vocab=32)

@@ -9,9 +9,9 @@ import pytest
 
 from helpers import random_prompts, tiny_head, tiny_target
 from jetspec_jax import api
-from jetspec_jax.loading import Draft, Target
-from jetspec_jax.streaming import TextDeltas
-from jetspec_jax.tokenizer import Tokenizer
+from jetspec_jax.decode.streaming import TextDeltas
+from jetspec_jax.io.load import Draft, Target
+from jetspec_jax.io.tokenizer import Tokenizer
 
 
 def models(kind, seed):

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from helpers import random_prompts, tiny_head, tiny_target
-from jetspec_jax import draft_head, target
-from jetspec_jax.decode import prefill
-from jetspec_jax.head_io import load_draft
-from jetspec_jax.sampling import Sampler
-from jetspec_jax.decode import ar_generate
-from jetspec_jax.params import init_params
-from jetspec_jax.draft_head import draft_specs
-from jetspec_jax.checkpoint import read_info
+from jetspec_jax.decode.autoregressive import prefill, ar_generate
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.draft.head import draft_specs
+from jetspec_jax.io.checkpoints import read_info
+from jetspec_jax.io.heads import load_draft
+from jetspec_jax.model import target
+from jetspec_jax.model.params import init_params
 from jetspec_jax.train import data as D, eagle as E
 from jetspec_jax.train.head_forward import head_logits, sample_anchors, target_pass
 from jetspec_jax.train.loss import distill_loss

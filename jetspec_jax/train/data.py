@@ -28,10 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.decode import ar_generate
-from jetspec_jax.files import write_atomic, write_json
-from jetspec_jax.sampling import Sampler
+from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.io.files import write_atomic, write_json
+from jetspec_jax.model.config import ModelConfig
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -44,7 +44,7 @@ class DatasetError(ValueError):
 
 
 def sharegpt_path() -> Path:
-    from jetspec_jax.convert.common import package_file
+    from jetspec_jax.io.convert.common import package_file
 
     return package_file(*SHAREGPT)
 

@@ -27,18 +27,19 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import draft_head, target
-from jetspec_jax.cache import KVCache, write_slots
-from jetspec_jax.checkpoint import carried_metadata, load_tree, save_tree
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.decode import PREFILL_CHUNK, Output, check_capacity, prefill
-from jetspec_jax.layers import rms_norm, rope
-from jetspec_jax.params import ParamSpec, check_params, layer_specs
-from jetspec_jax.sampling import Sampler, choose_tokens
-from jetspec_jax.speculative import SpecStats
+from jetspec_jax.decode.autoregressive import PREFILL_CHUNK, Output, check_capacity, prefill
+from jetspec_jax.decode.sampling import Sampler, choose_tokens
+from jetspec_jax.decode.speculative import SpecStats
+from jetspec_jax.decode.tree import DraftTree, ancestor_matrix
+from jetspec_jax.decode.verify import accept, commit, verify_tree
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.io.checkpoints import carried_metadata, load_tree, save_tree
+from jetspec_jax.model import target
+from jetspec_jax.model.cache import KVCache, write_slots
+from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.layers import rms_norm, rope
+from jetspec_jax.model.params import ParamSpec, check_params, layer_specs
 from jetspec_jax.train.head_forward import dense_attention
-from jetspec_jax.tree import DraftTree, ancestor_matrix
-from jetspec_jax.verify import accept, commit, verify_tree
 from pallas_kernels.tree_attention import cache_attention
 
 

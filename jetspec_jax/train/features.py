@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jetspec_jax import target
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.files import write_json
+from jetspec_jax.io.files import write_json
+from jetspec_jax.model import target
+from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.train.data import MANIFEST, DatasetError, _read_manifest
 from jetspec_jax.train.head_forward import target_pass
 

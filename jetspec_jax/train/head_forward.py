@@ -15,10 +15,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import draft_head, target
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.draft_head import DraftConfig
-from jetspec_jax.layers import rms_norm, rope
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.draft.head import DraftConfig
+from jetspec_jax.model import target
+from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.layers import rms_norm, rope
 from jetspec_jax.train.prefix_fill import filled_block_inputs
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.draft_head import DraftConfig
+from jetspec_jax.draft.head import DraftConfig
+from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.train.eagle import EagleConfig, eagle_logits
 from jetspec_jax.train.head_forward import (head_logits, sample_anchors, target_logits_at,
                                             target_pass)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import draft_head, target
-from jetspec_jax.draft_head import DraftConfig
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.draft.head import DraftConfig
+from jetspec_jax.model import target
 
 
 def sample_fill(key, shape, block_size: int, prob: float):

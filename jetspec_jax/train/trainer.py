@@ -35,17 +35,17 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.draft_head import DraftConfig, draft_config_for, draft_specs
-from jetspec_jax.head_io import save_draft
-from jetspec_jax.params import init_params
-from jetspec_jax.sampling import Sampler
-from jetspec_jax.speculative import TreeSpec, spec_generate, working_slots
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
+from jetspec_jax.draft.head import DraftConfig, draft_config_for, draft_specs
+from jetspec_jax.io.heads import save_draft
+from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.params import init_params
 from jetspec_jax.train import eagle
-from jetspec_jax.train.checkpoints import restore_state, save_state, state_dirs
 from jetspec_jax.train.data import DatasetError, load_shards
 from jetspec_jax.train.features import load_features
 from jetspec_jax.train.loss import cached_teacher_outputs, head_loss, teacher_outputs
+from jetspec_jax.train.state import restore_state, save_state, state_dirs
 
 HEADS = ("jetspec", "dflash", "eagle")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jax
 
-from jetspec_jax.checkpoint import load_tree, save_tree
+from jetspec_jax.io.checkpoints import load_tree, save_tree
 
 STATE_KIND = "train_state"
 

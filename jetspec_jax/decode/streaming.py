@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import jax
 import numpy as np
 
-from jetspec_jax import decode, speculative
+from jetspec_jax.decode import autoregressive as decode, speculative
 
 # Default rounds (speculative) and steps (autoregressive) per chunk. On our 2-core CPU each
 # call costs ~10 ms beyond its steps (SmolLM2, float32): XLA:CPU maps a fresh temporary buffer

@@ -41,11 +41,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import draft_head, target
-from jetspec_jax.cache import KVCache
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.draft_head import DraftConfig
-from jetspec_jax.tree import DraftTree, ancestor_matrix
+from jetspec_jax.decode.tree import DraftTree, ancestor_matrix
+from jetspec_jax.draft import head as draft_head
+from jetspec_jax.draft.head import DraftConfig
+from jetspec_jax.model import target
+from jetspec_jax.model.cache import KVCache
+from jetspec_jax.model.config import ModelConfig
 
 
 def tree_inputs(dparams, dcfg: DraftConfig, tparams, tree: DraftTree, context_len):

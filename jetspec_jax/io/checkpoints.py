@@ -23,9 +23,9 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jetspec_jax.config import ConfigError, ModelConfig
-from jetspec_jax.params import check_params, target_specs
-from jetspec_jax.sharding import param_shardings
+from jetspec_jax.model.config import ConfigError, ModelConfig
+from jetspec_jax.model.params import check_params, target_specs
+from jetspec_jax.model.sharding import param_shardings
 
 FORMAT = 1
 PARAMS_DIR, TOKENIZER_DIR = "params", "tokenizer"
@@ -155,7 +155,7 @@ def load_target_checkpoint(path: str | Path, *, dtype=None, sharding=None):
     params, _, _ = load_tree(path, abstract, kind="target")
     tokenizer = None
     if (path / TOKENIZER_DIR).is_dir():
-        from jetspec_jax.tokenizer import Tokenizer
+        from jetspec_jax.io.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.from_hf_dir(path / TOKENIZER_DIR)
     return cfg, params, tokenizer

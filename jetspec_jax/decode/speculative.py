@@ -15,15 +15,23 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import adaptive, draft_head, path_draft, target
-from jetspec_jax.cache import KVCache
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.decode import PREFILL_CHUNK, Output, check_capacity, loop_until_done, prefill
-from jetspec_jax.draft_head import DraftConfig
-from jetspec_jax.sampling import Sampler, choose_tokens
-from jetspec_jax.sharding import constrain_state
-from jetspec_jax.tree import METHODS, build_trees, reachable_depth, topk_from_logits
-from jetspec_jax.verify import accept, commit, verify_tree
+from jetspec_jax.decode import adaptive
+from jetspec_jax.decode.autoregressive import (
+    PREFILL_CHUNK,
+    Output,
+    check_capacity,
+    loop_until_done,
+    prefill,
+)
+from jetspec_jax.decode.sampling import Sampler, choose_tokens
+from jetspec_jax.decode.tree import METHODS, build_trees, reachable_depth, topk_from_logits
+from jetspec_jax.decode.verify import accept, commit, verify_tree
+from jetspec_jax.draft import head as draft_head, path as path_draft
+from jetspec_jax.draft.head import DraftConfig
+from jetspec_jax.model import target
+from jetspec_jax.model.cache import KVCache
+from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.sharding import constrain_state
 
 MAX_BUDGET = 1024
 DRAFT_MODES = ("per_depth", "path")

@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from jetspec_jax.cache import KV_AXES, LENGTHS_AXES, KVCache
-from jetspec_jax.params import is_spec
+from jetspec_jax.model.cache import KV_AXES, LENGTHS_AXES, KVCache
+from jetspec_jax.model.params import is_spec
 
 MESH_AXES = ("tp", "ep")
 RULES = {"heads": "tp", "kv_heads": "tp", "mlp": "tp", "vocab": "tp", "experts": "ep"}

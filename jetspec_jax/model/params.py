@@ -18,7 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.config import ModelConfig
+from jetspec_jax.model.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

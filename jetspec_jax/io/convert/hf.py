@@ -1,5 +1,5 @@
 """HF safetensors checkpoints (Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM) -> our
-params tree (layout in `jetspec_jax.params`).
+params tree (layout in `jetspec_jax.model.params`).
 
 Single-file (`model.safetensors`) and sharded (`model.safetensors.index.json`) checkpoints are
 read lazily with `safe_open`, one tensor at a time, so converting needs about one copy of the
@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from jetspec_jax.config import ModelConfig, load_hf_config
-from jetspec_jax.convert.common import ConversionError, Rule, convert_tensors
+from jetspec_jax.io.convert.common import ConversionError, Rule, convert_tensors
+from jetspec_jax.model.config import ModelConfig, load_hf_config
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jetspec_jax.config import ModelConfig
+from jetspec_jax.model.config import ModelConfig
 
 
 def is_fused(params) -> bool:

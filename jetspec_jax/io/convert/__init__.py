@@ -10,11 +10,11 @@ from pathlib import Path
 
 import jax.numpy as jnp
 
-from jetspec_jax.checkpoint import load_target_checkpoint, save_target
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.convert.common import ConversionError, package_file
-from jetspec_jax.convert.hf import is_hf_checkpoint, load_hf
-from jetspec_jax.tokenizer import Tokenizer
+from jetspec_jax.io.checkpoints import load_target_checkpoint, save_target
+from jetspec_jax.io.convert.common import ConversionError, package_file
+from jetspec_jax.io.convert.hf import is_hf_checkpoint, load_hf
+from jetspec_jax.io.tokenizer import Tokenizer
+from jetspec_jax.model.config import ModelConfig
 
 __all__ = ["ConversionError", "EMBEDDED", "convert", "load_target", "embedded_path"]
 
@@ -41,7 +41,7 @@ def read_checkpoint(source: str | Path, *, dtype=jnp.bfloat16, progress: bool = 
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory; expected {_ACCEPTED}")
     if path.suffix == ".gguf":
-        from jetspec_jax.convert.gguf import load_gguf  # gguf is needed for GGUF files only
+        from jetspec_jax.io.convert.gguf import load_gguf  # gguf is needed for GGUF files only
 
         cfg, params = load_gguf(path, dtype=dtype, name=name, progress=progress)
         return cfg, params, Tokenizer.from_gguf(path)

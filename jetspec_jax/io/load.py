@@ -12,12 +12,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import convert, layout, sharding
-from jetspec_jax.checkpoint import CheckpointError, load_target_checkpoint
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.draft_head import DraftConfig, draft_specs
-from jetspec_jax.params import target_specs
-from jetspec_jax.tokenizer import Tokenizer
+from jetspec_jax.draft.head import DraftConfig, draft_specs
+from jetspec_jax.io import convert
+from jetspec_jax.io.checkpoints import CheckpointError, load_target_checkpoint
+from jetspec_jax.io.tokenizer import Tokenizer
+from jetspec_jax.model import layout, sharding
+from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.params import target_specs
 
 DEFAULT_MODEL = "smollm2-135m"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -58,12 +59,12 @@ def resolve_dtype(dtype):
 def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
                 progress: bool = True, mesh=None, fuse: bool | None = None) -> Target:
     """Our checkpoint dir, an HF dir, a .gguf file or an embedded name (see
-    `jetspec_jax.convert.load_target`) -> Target, weights cast to dtype.
+    `jetspec_jax.io.convert.load_target`) -> Target, weights cast to dtype.
 
     mesh: None (one device), a spec such as "tp=2" or a `Mesh`: the weights are sharded over
-    it (`jetspec_jax.sharding`); our checkpoints are read straight into the shards, other
+    it (`jetspec_jax.model.sharding`); our checkpoints are read straight into the shards, other
     formats are read whole, then sharded.
-    fuse: the fused weight layout (`jetspec_jax.layout`: q/k/v and gate/up each one matmul).
+    fuse: the fused weight layout (`jetspec_jax.model.layout`: q/k/v and gate/up each one matmul).
     None: on one GPU, where it measured 6% faster per token; not with a mesh."""
     mesh, dtype = sharding.as_mesh(mesh), resolve_dtype(dtype)
     if fuse is None:
@@ -112,7 +113,9 @@ def default_draft_path(target_name: str) -> Path | None:
 def load_draft(path: str | Path, target: Target, *, mesh=None) -> Draft:
     """A draft head (our format or the reference's HF-style format) checked against target,
     sharded like it over mesh (default: the target's)."""
-    from jetspec_jax import head_io  # imported on use: only the speculative path needs it
+    from jetspec_jax.io import (  # imported on use: only the speculative path needs it
+        heads as head_io,
+    )
 
     mesh = target.mesh if mesh is None else sharding.as_mesh(mesh)
     with _reading(path):
@@ -155,7 +158,7 @@ def _jsonl_prompt(path: Path, n: int, line: str) -> str:
 
 def check_fits(draft: Draft, target: Target) -> None:
     """One ValueError naming every way the head cannot serve the target, and which two."""
-    from jetspec_jax import head_io
+    from jetspec_jax.io import heads as head_io
 
     try:
         head_io.check_head_fits(draft.dcfg, target.cfg)

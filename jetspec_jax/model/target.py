@@ -13,10 +13,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.cache import KVCache, write_slots
-from jetspec_jax.config import FUSED_MATMULS, ModelConfig
-from jetspec_jax.layers import moe, project, rms_norm, rope, swiglu
-from jetspec_jax.layout import split_qkv
+from jetspec_jax.model.cache import KVCache, write_slots
+from jetspec_jax.model.config import FUSED_MATMULS, ModelConfig
+from jetspec_jax.model.layers import moe, project, rms_norm, rope, swiglu
+from jetspec_jax.model.layout import split_qkv
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
 from pallas_kernels.gemv import fused_gemv
 from pallas_kernels.tree_attention import cache_attention

@@ -9,11 +9,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import target
-from jetspec_jax.cache import KVCache
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.sampling import Sampler, choose_tokens
-from jetspec_jax.sharding import constrain_state
+from jetspec_jax.decode.sampling import Sampler, choose_tokens
+from jetspec_jax.model import target
+from jetspec_jax.model.cache import KVCache
+from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.sharding import constrain_state
 
 
 # Default prompt tokens per prefill pass. One pass over the whole prompt holds [B, H, P, S]

@@ -38,13 +38,13 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError
 
-from jetspec_jax.checkpoint import (CheckpointError, carried_metadata, load_tree, read_info,
+from jetspec_jax.io.checkpoints import (CheckpointError, carried_metadata, load_tree, read_info,
                                     save_tree, stored_shapes)
-from jetspec_jax.config import ConfigError, ModelConfig, from_hf_config
-from jetspec_jax.convert import hf
-from jetspec_jax.convert.common import ConversionError, Rule, convert_tensors
-from jetspec_jax.draft_head import DraftConfig, default_tap_layers, draft_specs
-from jetspec_jax.params import check_params
+from jetspec_jax.draft.head import DraftConfig, default_tap_layers, draft_specs
+from jetspec_jax.io.convert import hf
+from jetspec_jax.io.convert.common import ConversionError, Rule, convert_tensors
+from jetspec_jax.model.config import ConfigError, ModelConfig, from_hf_config
+from jetspec_jax.model.params import check_params
 
 __all__ = [
     "KIND", "CheckpointError", "ConversionError", "check_head_fits", "convert_head",

@@ -17,8 +17,8 @@ import gguf
 import jax.numpy as jnp
 import numpy as np
 
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.convert.common import ConversionError, Rule, convert_tensors
+from jetspec_jax.io.convert.common import ConversionError, Rule, convert_tensors
+from jetspec_jax.model.config import ModelConfig
 
 ARCHITECTURES = ("llama", "qwen3")
 Q = gguf.GGMLQuantizationType

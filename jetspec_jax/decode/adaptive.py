@@ -32,7 +32,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.tree import DraftTree
+from jetspec_jax.decode.tree import DraftTree
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256)
 
@@ -74,8 +74,8 @@ def measure_costs(tparams, tcfg, dparams, dcfg, *, buckets=DEFAULT_BUCKETS, widt
     fixed budget, on this device, for a batch at context length context_len: median of
     `repeats` runs after a warm-up, each timed with block_until_ready. Random prompt tokens:
     the cost does not depend on the values."""
-    from jetspec_jax import speculative  # speculative imports this module
-    from jetspec_jax.sampling import Sampler
+    from jetspec_jax.decode import speculative  # speculative imports this module
+    from jetspec_jax.decode.sampling import Sampler
 
     blk = dcfg.block_size
     max_new = 2 * blk
@@ -109,7 +109,7 @@ def auto_tree_spec(costs: dict[int, float], *, width: int = 7, method: str = "ac
                    draft_mode: str = "per_depth"):
     """The TreeSpec of `budget="auto"`: buckets and their costs from a `measure_costs` table;
     the budget (what cache sizing sees) is the largest bucket."""
-    from jetspec_jax.speculative import TreeSpec
+    from jetspec_jax.decode.speculative import TreeSpec
 
     buckets = tuple(sorted(costs))
     return TreeSpec(budget=buckets[-1], width=width, method=method, draft_mode=draft_mode,

@@ -19,11 +19,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import target
-from jetspec_jax.cache import KVCache, write_slots
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.layers import rms_norm, rope
-from jetspec_jax.params import ParamSpec, layer_specs
+from jetspec_jax.model import target
+from jetspec_jax.model.cache import KVCache, write_slots
+from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.layers import rms_norm, rope
+from jetspec_jax.model.params import ParamSpec, layer_specs
 from pallas_kernels.tree_attention import cache_attention
 
 

@@ -8,7 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.config import FUSED_MATMULS
+from jetspec_jax.model.config import FUSED_MATMULS
 from pallas_kernels.gemv import grouped_matmul_sorted, grouped_small_m_matmul, small_m_matmul
 
 

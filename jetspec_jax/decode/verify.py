@@ -6,10 +6,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax import target
-from jetspec_jax.cache import KVCache, compact
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.tree import DraftTree
+from jetspec_jax.decode.tree import DraftTree
+from jetspec_jax.model import target
+from jetspec_jax.model.cache import KVCache, compact
+from jetspec_jax.model.config import ModelConfig
 
 
 def verify_tree(params, cfg: ModelConfig, cache: KVCache, tree: DraftTree, *, taps=(),

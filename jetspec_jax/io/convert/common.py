@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from jetspec_jax.config import ModelConfig
-from jetspec_jax.params import check_params, target_specs
+from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.params import check_params, target_specs
 
 
 class ConversionError(ValueError):
