@@ -23,8 +23,8 @@ from jetspec_jax.model.params import target_specs
 DEFAULT_MODEL = "smollm2-135m"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Where shipped heads live: the repository's checkpoints/ (editable install), or the package's.
-CHECKPOINT_DIRS = (Path(__file__).resolve().parent.parent / "checkpoints",
-                   Path(__file__).resolve().parent / "checkpoints")
+CHECKPOINT_DIRS = (Path(__file__).resolve().parents[2] / "checkpoints",
+                   Path(__file__).resolve().parents[1] / "checkpoints")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
