@@ -19,10 +19,10 @@ past 400 us). `floor_us` = visible K/V bytes / 4.25e12. Failures of any variant 
 never fatal; a time budget (--budget-s) skips the remaining timings but still writes the JSON.
 
 Run on the GPU machine (no network needed):
-  python bench/bench_attention.py            # full: ~5-7 min on an H200
-  python bench/bench_attention.py --quick    # fewer shapes, ~2 min
-  python bench/bench_attention.py --check-only
-Writes $OUT/bench_attention.json when OUT is set (or --out PATH).
+  python -m bench.bench_attention            # full: ~5-7 min on an H200
+  python -m bench.bench_attention --quick    # fewer shapes, ~2 min
+  python -m bench.bench_attention --check-only
+Writes the results as JSON to --out PATH.
 """
 
 from __future__ import annotations
@@ -30,15 +30,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 import traceback
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import write_json  # noqa: E402
-from timing import median_seconds  # noqa: E402
+from bench.common.results_io import write_json
+from bench.common.timing import median_seconds
 
 BANDWIDTH = 4.25e12  # B/s, measured on the H200 this runs on
 N_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # Qwen3-8B attention
@@ -420,8 +417,7 @@ def main():
 
     start = time.perf_counter()
     deadline = start + args.budget_s
-    out_path = args.out or (os.path.join(os.environ["OUT"], "bench_attention.json")
-                            if os.environ.get("OUT") else None)
+    out_path = args.out
 
     import jax
 

@@ -4,9 +4,9 @@ against transformers' `generate` on the same card.
 Weights are random bf16 of the real shapes (speed does not depend on their values).
 Run (on the GPU machine; the two stages are separate processes so JAX and PyTorch do not
 compete for device memory):
-  python bench/bench_decode.py jax --out $OUT/decode_jax.json
-  python bench/bench_decode.py hf  --out $OUT/decode_hf.json
-  python bench/bench_decode.py report $OUT/decode_jax.json $OUT/decode_hf.json
+  python -m bench.bench_decode jax --out runs/decode_jax.json
+  python -m bench.bench_decode hf  --out runs/decode_hf.json
+  python -m bench.bench_decode report runs/decode_jax.json runs/decode_hf.json
 """
 
 from __future__ import annotations
@@ -16,36 +16,15 @@ import functools
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import command_line, write_json  # noqa: E402
-from timing import median_seconds  # noqa: E402
+from bench.common.models import kv_bytes_per_token, random_params, weight_bytes_per_token
+from bench.common.results_io import command_line, write_json
+from bench.common.timing import median_seconds
 
 MODELS = ("smollm2-135m", "qwen3-8b", "qwen3-30b-a3b")
-
-
-def weight_bytes_per_token(cfg, dtype_bytes=2) -> int:
-    """Bytes of weights one decode step must read: every layer's attention and norms, the MLP
-    (only the experts_per_token chosen experts for MoE), the final norm and the LM head."""
-    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    attn = d * (n + 2 * k) * h + n * h * d + 2 * d + (2 * h if cfg.qk_norm else 0)
-    total = 0
-    for layer in range(cfg.num_layers):
-        if cfg.layer_is_moe(layer):
-            mlp = d * cfg.num_experts + cfg.experts_per_token * 3 * d * cfg.moe_intermediate_size
-        else:
-            mlp = 3 * d * cfg.intermediate_size
-        total += attn + mlp
-    total += d + cfg.vocab_size * d + d  # final norm, LM head, one embedding row
-    return total * dtype_bytes
-
-
-def kv_bytes_per_token(cfg, context, dtype_bytes=2) -> int:
-    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * context * dtype_bytes
 
 
 def measure_bandwidth():
@@ -96,27 +75,6 @@ def bench_jax(args):
         jax.clear_caches()
         rows[-1]["init_s"] = init_s
     return {"stream_bw": stream_bw, "copy_bw": copy_bw, "rows": rows}
-
-
-def random_params(specs, dtype="bfloat16"):
-    """Random weights (dtype) made leaf by leaf on the device (one small compiled generator per
-    shape; a single jit over a 60 GB tree compiles for minutes, and even SmolLM2's whole
-    init took 220 s to compile on the H200 with the compilation cache off)."""
-    import jax
-    import jax.numpy as jnp
-
-    from jetspec_jax.model.params import is_spec
-
-    @functools.partial(jax.jit, static_argnames=("shape", "ones"))
-    def make(key, shape, ones):
-        if ones:
-            return jnp.ones(shape, dtype)
-        return (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
-
-    leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
-    keys = jax.random.split(jax.random.key(0), len(leaves))
-    return jax.tree.unflatten(
-        treedef, [make(k, s.shape, s.init == "ones") for s, k in zip(leaves, keys)])
 
 
 def time_model(cfg, params, context, attn_impl, stream_bw):

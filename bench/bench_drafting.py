@@ -9,9 +9,9 @@ autoregressive decoding and, for the adaptive modes, the mean tree size actually
 The adaptive cost table is measured on this device at start-up (`adaptive.measure_costs`)
 and stored with the results.
 
-  python bench/bench_drafting.py --draft runs/head/head --per-benchmark 16 --budgets 64 256
+  python -m bench.bench_drafting --draft runs/head/head --per-benchmark 16 --budgets 64 256
   # smoke test with a random head (numbers meaningless; do not commit them):
-  python bench/bench_drafting.py --draft random --benchmarks mtbench --per-benchmark 2 \\
+  python -m bench.bench_drafting --draft random --benchmarks mtbench --per-benchmark 2 \\
       --max-new-tokens 8 --budgets 32 --out /tmp/drafting_smoke
 
 Rows are written as they come; --resume keeps an existing --out file's rows and cost tables
@@ -22,25 +22,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results_io import command_line, resume, write_json, write_text  # noqa: E402
+from bench.common.results_io import command_line, resume, write_json, write_text
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from bench_acceptance import BENCHMARKS  # noqa: E402
-from jetspec_jax import api  # noqa: E402
+from bench.common.prompts import BENCHMARKS
+from jetspec_jax import api
 from jetspec_jax.decode import adaptive
-from jetspec_jax.decode.autoregressive import ar_generate  # noqa: E402
-from jetspec_jax.decode.sampling import Sampler  # noqa: E402
-from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots  # noqa: E402
+from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.model import params as P
 
@@ -154,8 +151,8 @@ def main():
                     help="keep the rows (and cost tables) of an existing --out .json and run "
                          "only the missing ones")
     ap.add_argument("--out", default=None,
-                    help="output path without suffix (default bench/results/drafting_<device>"
-                         "_<date>); writes .json and .md")
+                    help="output path without suffix (default bench/results/drafting/"
+                         "drafting_<device>_<date>); writes .json and .md")
     args = ap.parse_args()
     attn_impl = api.resolve_attn_impl(args.attn_impl)
     api.exact_float32(args.dtype)
@@ -164,7 +161,7 @@ def main():
              else api.load_draft(args.draft, target))
     device = str(jax.devices()[0].device_kind)
     date = time.strftime("%Y-%m-%d")
-    out = Path(args.out or Path(__file__).parent / "results"
+    out = Path(args.out or Path(__file__).parent / "results" / "drafting"
                / f"drafting_{device.replace(' ', '_').lower()}_{date}")
     command = command_line()
     result = resume(f"{out}.json" if args.resume else None, command,

@@ -2,12 +2,12 @@
 against XLA, per projection shape (Qwen3-8B dense, Qwen3-30B-A3B experts) and in whole decode
 steps, in one process.
 
-  python3 bench/bench_gemv_pallas.py --out $OUT/gemv.json --write-table $OUT/tuned_h200.json \
+  python -m bench.bench_gemv_pallas --out runs/gemv.json --write-table runs/tuned_h200.json \
       --no-decode --ms 1 4 --sweep 4 --budget-s 150                       # H200 sweep, ~3 min
-  python3 bench/bench_gemv_pallas.py --decode-only --out $OUT/steps.json # H200 steps, ~200 s
-  python3 bench/bench_gemv_pallas.py --table-from bench/results/gemv_pallas_h200_2026-11-29.json \
-      --write-table pallas_kernels/gemv/tuned_h200.json                   # table from a result
-  JAX_PLATFORMS=cpu python3 bench/bench_gemv_pallas.py --quick --out /tmp/g.json   # CPU check
+  python -m bench.bench_gemv_pallas --decode-only --out runs/steps.json # H200 steps, ~200 s
+  python -m bench.bench_gemv_pallas --write-table pallas_kernels/gemv/tuned_h200.json \
+      --table-from bench/results/gemv/gemv_pallas_h200_2026-11-29.json    # table from a result
+  JAX_PLATFORMS=cpu python -m bench.bench_gemv_pallas --quick --out /tmp/g.json   # CPU check
 
 (a) correctness: every timed variant's output (sum over a stack of fresh random bf16 weights)
     against the float32 reference: max |error| / max |reference|.
@@ -15,15 +15,14 @@ steps, in one process.
     beyond the 50 MB L2) multiplied layer after layer, `reps` times, inside one jitted
     fori_loop; the time per matmul is (t(reps) - t(1)) / ((reps - 1) * L), so dispatch cancels
     (medians of --repeats calls). XLA and a small sweep of kernel configs (the first is the
-    heuristic default). Dense: `jnp.dot` vs `small_m_matmul_pallas` and the Mosaic GPU kernel
-    for sm_90 (`small_m_matmul_hopper`, --mosaic-sweep configs); MoE experts [E, K, N]
+    heuristic default). Dense: `jnp.dot` vs `small_m_matmul_pallas`; MoE experts [E, K, N]
     with P = M distinct chosen experts: the gather + einsum vs `grouped_small_m_matmul_pallas`
     (bytes: the P experts' weights). M = 1 (P = 8 for MoE) first, then the decode steps, then
     the larger M while --budget-s lasts. --write-table: the dense shapes where the best
     config beat XLA by more than --margin, as the table `matmul_impl="tuned"` reads
     (`pallas_kernels/gemv/tuned_<gpu>.json`).
 (c) decode steps (random bf16 weights made leaf by leaf, ctx --context, batch 1), matmul_impl
-    xla / tuned / pallas (/ mosaic for the 8B) for Qwen3-8B and Qwen3-30B-A3B (30B: "tuned" = XLA dense + the
+    xla / tuned / pallas for Qwen3-8B and Qwen3-30B-A3B (30B: "tuned" = XLA dense + the
     grouped MoE kernel, "pallas" = both kernels) (`bench_decode.time_model`: per-token time
     from the difference of two loop lengths), ms/token and TB/s over weights + KV. "tuned"
     reads the table committed for this GPU (pallas_kernels/gemv/tuned_h200.json).
@@ -39,15 +38,13 @@ import functools
 import json
 import math
 import platform
-import sys
 import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import command_line, write_json  # noqa: E402
-from timing import chained_matmuls, loop_seconds  # noqa: E402
+from bench.common.results_io import command_line, write_json
+from bench.common.timing import chained_matmuls, loop_seconds
 
 PEAK_TBPS = 4.25
 # Qwen3-8B decode projections, [K, N] (weights row-major, N contiguous); q and o, k and v,
@@ -63,9 +60,9 @@ QUICK_GROUPED = {"moe gate/up": (8, 64, 48)}
 # Decode steps: model -> matmul_impls timed (in this order, same process).
 # 30B "tuned": XLA for its dense shapes (none in the table) + the grouped MoE kernel, which
 # isolates the MoE kernel; "pallas" adds the dense kernel on 30B's (unmeasured) shapes.
-DECODE = {"qwen3-8b": ("xla", "tuned", "pallas", "mosaic"),
+DECODE = {"qwen3-8b": ("xla", "tuned", "pallas"),
           "qwen3-30b-a3b": ("xla", "tuned", "pallas")}
-QUICK_DECODE = {"tiny-dense": ("xla", "tuned", "pallas", "mosaic"), "tiny-moe": ("xla", "pallas")}
+QUICK_DECODE = {"tiny-dense": ("xla", "tuned", "pallas"), "tiny-moe": ("xla", "pallas")}
 
 
 def sweep_configs(m, k, n, limit, grouped=False):
@@ -93,16 +90,6 @@ def sweep_configs(m, k, n, limit, grouped=False):
         if c not in out:
             out.append(c)
     return out[:limit]
-
-
-def mosaic_configs(limit):
-    """Configs of the Mosaic GPU kernel (`gemv/hopper.py`): tile and ring depth around the
-    default (128 x 64, 4 stages, automatic splits), best for gate/up and down on the H200."""
-    from pallas_kernels.gemv.hopper import HopperGemvConfig
-
-    return [HopperGemvConfig(bk, bn, stages=st, num_splits=sp) for bk, bn, st, sp in (
-        (128, 64, 4, None), (128, 128, 3, None), (256, 64, 4, None), (64, 64, 6, None),
-        (128, 64, 6, None), (128, 64, 4, 1), (256, 128, 2, None), (128, 64, 4, 8))][:limit]
 
 
 def time_variant(mm, ws, x, ref, args):
@@ -136,7 +123,6 @@ def bench_shape(name, k, n, ms, args, deadline, rows, num_experts=0):
 
     from pallas_kernels.gemv.api import _xla_grouped
     from pallas_kernels.gemv.grouped import grouped_small_m_matmul_pallas
-    from pallas_kernels.gemv.hopper import small_m_matmul_hopper
     from pallas_kernels.gemv.kernel import small_m_matmul_pallas
 
     grouped = num_experts > 0
@@ -163,8 +149,6 @@ def bench_shape(name, k, n, ms, args, deadline, rows, num_experts=0):
                                          precision=jax.lax.Precision.HIGHEST)) for w in ws)
         variants = [("xla", None)] + [("pallas", c) for c in
                                       sweep_configs(m, k, n, args.sweep, grouped=grouped)]
-        if not grouped:
-            variants += [("mosaic", c) for c in mosaic_configs(args.mosaic_sweep)]
         for i, (impl, cfg) in enumerate(variants):
             if time.perf_counter() > deadline:
                 break
@@ -179,9 +163,6 @@ def bench_shape(name, k, n, ms, args, deadline, rows, num_experts=0):
                     x, w, experts, out_dtype=out_dtype, config=cfg, interpret=args.interpret)
             elif impl == "xla":
                 mm = lambda x, w: jnp.dot(x, w, preferred_element_type=out_dtype)  # noqa: E731
-            elif impl == "mosaic":
-                mm = lambda x, w, cfg=cfg: small_m_matmul_hopper(  # noqa: E731
-                    x, w, out_dtype=out_dtype, config=cfg, interpret=args.interpret)
             else:
                 mm = lambda x, w, cfg=cfg: small_m_matmul_pallas(  # noqa: E731
                     x, w, out_dtype=out_dtype, config=cfg, interpret=args.interpret)
@@ -202,7 +183,8 @@ def bench_decode_steps(models, args):
     process. A failing variant is recorded and the rest go on."""
     import jax
 
-    from bench_decode import random_params, time_model, weight_bytes_per_token
+    from bench.bench_decode import time_model
+    from bench.common.models import random_params, weight_bytes_per_token
     from jetspec_jax.model import config, params as P
 
     rows = []
@@ -214,8 +196,7 @@ def bench_decode_steps(models, args):
         print(f"{name}: random weights in {time.perf_counter() - t:.1f} s", flush=True)
         for impl in impls:
             if args.interpret:  # CPU: the kernels in interpret mode
-                impl = {"pallas": "pallas_interpret", "fused": "fused_interpret",
-                        "mosaic": "mosaic_interpret"}.get(impl, impl)
+                impl = {"pallas": "pallas_interpret"}.get(impl, impl)
             try:
                 row = time_model(cfg.replace(matmul_impl=impl), params, args.context,
                                  args.attn_impl, PEAK_TBPS * 1e12)
@@ -259,8 +240,6 @@ def _groups(rows):
 def fmt_cfg(c):
     if c is None:
         return ""
-    if "stages" in c:  # the Mosaic GPU kernel's HopperGemvConfig
-        return f"{c['block_k']}x{c['block_n']} s{c['num_splits']} st{c['stages']} mosaic"
     form = "dot" if c["use_dot"] else "reduce"
     return (f"{c['block_k']}x{c['block_n']} s{c['num_splits']} w{c['num_warps']} "
             f"st{c['num_stages']} {form}{'' if c['evict_first'] else ' keep'}")
@@ -278,8 +257,8 @@ def report(result):
     rows = [r for r in result["rows"] if "rel_err" in r]  # ran (timed or not)
     lines = [f"device: {result['device']}, {result['date']}; % of {PEAK_TBPS} TB/s", "",
              "| shape [K, N] | M | layers | XLA TB/s (%) | Pallas default TB/s (%) | "
-             "best Pallas TB/s (%) | best config | best Mosaic TB/s (%) | its config | "
-             "max rel err |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "best Pallas TB/s (%) | best config | max rel err |",
+             "|---|---|---|---|---|---|---|---|"]
     groups = sorted(dict.fromkeys((r["shape"], r["M"]) for r in rows), key=lambda g: g[1])
     for shape, m in groups:
         group = [r for r in rows if (r["shape"], r["M"]) == (shape, m)]
@@ -287,16 +266,13 @@ def report(result):
         pal = [r for r in group if r["impl"] == "pallas"]
         default = next((r for r in pal if r["default"]), None)
         best = max(filter(_timed, pal), key=lambda r: r["TBps"], default=None)
-        mosaic = max((r for r in group if r["impl"] == "mosaic" and _timed(r)),
-                     key=lambda r: r["TBps"], default=None)
         err = max((r["rel_err"] for r in group if r["impl"] != "xla"), default=math.nan)
         g = group[0]
         experts = f"{g['E']} x " if g.get("E") else ""
         lines.append(f"| {shape} [{experts}{g['K']}, {g['N']}] | {m} | {g['layers']} | "
                      f"{_cell(xla)} | "
                      f"{_cell(default)} | {_cell(best)} | "
-                     f"{fmt_cfg(best['config']) if best else ''} | {_cell(mosaic)} | "
-                     f"{fmt_cfg(mosaic['config']) if mosaic else ''} | {err:.1e} |")
+                     f"{fmt_cfg(best['config']) if best else ''} | {err:.1e} |")
     wrong = [r for r in rows if not r["rel_err"] <= ERR_TOL]
     lines.append(f"\ncorrectness: {len(rows) - len(wrong)} of {len(rows)} variants within "
                  f"rel err {ERR_TOL}" + "".join(f"; WRONG: {r['shape']} M={r['M']} {r['impl']} "
@@ -324,8 +300,7 @@ def report(result):
 
 
 def add_timing_options(parser, decode):
-    """The options this bench shares with bench_fused_gemv: timing loop lengths and the decode
-    steps (decode: model -> matmul_impls)."""
+    """Timing loop lengths and the decode steps (decode: model -> matmul_impls)."""
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--context", type=int, default=1024)
@@ -344,8 +319,6 @@ def main():
                         help="tiny shapes and models, few repeats (CPU check of the script)")
     parser.add_argument("--ms", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--sweep", type=int, default=7, help="kernel configs per shape and M")
-    parser.add_argument("--mosaic-sweep", type=int, default=4,
-                        help="Mosaic GPU kernel configs per dense shape and M (0: none)")
     parser.add_argument("--stack-gb", type=float, default=1.1, help="weights read per rep")
     parser.add_argument("--max-stack-gb", type=float, default=8.0, help="weights allocated")
     parser.add_argument("--max-layers", type=int, default=64)
@@ -375,7 +348,7 @@ def main():
     if args.quick:
         shapes, grouped, decode_models = QUICK_SHAPES, QUICK_GROUPED, QUICK_DECODE
         args.ms = [m for m in args.ms if m <= 4] or [1]
-        args.sweep, args.mosaic_sweep, args.stack_gb, args.max_layers = 2, 1, 1e-3, 2
+        args.sweep, args.stack_gb, args.max_layers = 2, 1e-3, 2
         args.reps, args.repeats, args.context = 3, 2, 16
     if args.decode_only:
         shapes, grouped = {}, {}

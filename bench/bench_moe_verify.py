@@ -4,8 +4,8 @@ expert-major Pallas kernel (`grouped_matmul_sorted` impl "pallas") against XLA's
 down [128, 768, 2048], bf16) at P = 128, 256, 512, 2048 pairs (T = P / 8 tokens, each
 routed to 8 distinct experts drawn uniformly).
 
-  python3 bench/bench_moe_verify.py --out $OUT/moe_verify.json           # GPU
-  JAX_PLATFORMS=cpu python3 bench/bench_moe_verify.py --tiny --out /tmp/m.json   # CPU check
+  python -m bench.bench_moe_verify --out runs/moe_verify.json           # GPU
+  JAX_PLATFORMS=cpu python -m bench.bench_moe_verify --tiny --out /tmp/m.json   # CPU check
 
 First a check per shape and P: the kernel's output against ragged_dot's on fresh random
 inputs (float32 outputs: max |error| / max |ragged_dot|). Then the timing: --layers distinct
@@ -24,15 +24,12 @@ import argparse
 import dataclasses
 import json
 import platform
-import sys
 import time
 import zlib
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import command_line, write_json  # noqa: E402
-from timing import chained_matmuls, median_seconds  # noqa: E402
+from bench.common.results_io import command_line, write_json
+from bench.common.timing import chained_matmuls, median_seconds
 
 TOP_K = 8
 SHAPES = {"gate/up": (128, 2048, 768), "down": (128, 768, 2048)}  # [E, K, N]

@@ -3,10 +3,10 @@ speculative decoding of random bf16 targets of the real Qwen3-8B and Qwen3-30B-A
 (and a reference-sized random head: 5 layers, block 16, 5 taps) on a mesh of all devices and
 on one device. The tokens must be equal; the table gives time per step / per round.
 
-  python bench/bench_sharded.py                  # every device: --mesh tp=<devices>
-  python bench/bench_sharded.py --out r.json     # JSON to r.json (default $OUT/bench_sharded.json)
+  python -m bench.bench_sharded                  # every device: --mesh tp=<devices>
+  python -m bench.bench_sharded --out r.json     # the results as JSON to r.json
   XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu \
-    python bench/bench_sharded.py --model tiny-dense tiny-moe --mesh tp=2,ep=2 --context 64 \
+    python -m bench.bench_sharded --model tiny-dense tiny-moe --mesh tp=2,ep=2 --context 64 \
     --batches 1 2 --budgets 8 16       # the CPU check with fake devices
 
 Weights are made leaf by leaf directly in their shards (threefry is partitionable, so the
@@ -26,25 +26,22 @@ import functools
 import gc
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import command_line, write_json  # noqa: E402
-import trace_summary  # noqa: E402
-from jetspec_jax.decode.autoregressive import decode_step  # noqa: E402
-from jetspec_jax.decode.sampling import Sampler  # noqa: E402
+from bench.common.results_io import command_line, write_json
+from bench import trace_summary
+from jetspec_jax.decode.autoregressive import decode_step
+from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.draft import head as draft_head
-from jetspec_jax.model import config, params as P, sharding  # noqa: E402
-from jetspec_jax.model.cache import KVCache  # noqa: E402
-from jetspec_jax.model.params import is_spec  # noqa: E402
-from jetspec_jax.decode.speculative import (TreeSpec, init_state, speculative_round,  # noqa: E402
+from jetspec_jax.model import config, params as P, sharding
+from jetspec_jax.model.cache import KVCache
+from jetspec_jax.model.params import is_spec
+from jetspec_jax.decode.speculative import (TreeSpec, init_state, speculative_round,
                                      working_slots)
 
 GREEDY = Sampler()
@@ -274,8 +271,7 @@ def main():
                     help="also trace each AR run into DIR and print its per-device summary")
     ap.add_argument("--compile-threads", type=int, default=8)
     ap.add_argument("--time-budget-s", type=float, default=330.0)
-    ap.add_argument("--out", default=os.path.join(os.environ["OUT"], "bench_sharded.json")
-                    if os.environ.get("OUT") else None)
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     args.dtype = jnp.dtype(args.dtype)
     if args.dtype == jnp.float32:  # true float32 dots: GPUs otherwise may use TF32, whose

@@ -3,7 +3,7 @@ attention, and speculative equals autoregressive output; (2) the cost of one spe
 round, split into its phases, against one autoregressive step, for a Qwen3-8B-shaped target
 with random bf16 weights and a reference-sized head (5 layers, block 16).
 
-  python bench/bench_speculative.py --out $OUT/spec.json
+  python -m bench.bench_speculative --out runs/spec.json
 Rows are written as they come; --resume (with the last call's --out carried back in) times
 only the configurations that file lacks.
 Projected speedups use tau from elsewhere (the paper's, or one measured on a real target):
@@ -16,33 +16,30 @@ import argparse
 import functools
 import gzip
 import json
-import sys
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_decode import random_params  # noqa: E402
-from jetspec_jax.decode.autoregressive import ar_generate, decode_step  # noqa: E402
-from jetspec_jax.decode.sampling import Sampler  # noqa: E402
-from jetspec_jax.decode.speculative import (  # noqa: E402
+from bench.common.models import random_params
+from jetspec_jax.decode.autoregressive import ar_generate, decode_step
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import (
     TreeSpec,
     init_state,
     spec_generate,
     speculative_round,
 )
-from jetspec_jax.decode.tree import build_trees, topk_from_logits  # noqa: E402
-from jetspec_jax.decode.verify import accept, commit, verify_tree  # noqa: E402
+from jetspec_jax.decode.tree import build_trees, topk_from_logits
+from jetspec_jax.decode.verify import accept, commit, verify_tree
 from jetspec_jax.draft import head as draft_head
-from jetspec_jax.model import config, params as P  # noqa: E402
-from jetspec_jax.model.layout import fuse_projections  # noqa: E402
-from results_io import command_line, resume, write_json  # noqa: E402
-from timing import median_seconds  # noqa: E402
-import trace_summary  # noqa: E402
+from jetspec_jax.model import config, params as P
+from jetspec_jax.model.layout import fuse_projections
+from bench.common.results_io import command_line, resume, write_json
+from bench.common.timing import median_seconds
+from bench import trace_summary
 
 PAPER_TAU = {"MATH-500 b256": 10.76, "MT-Bench b256": 5.94}
 GREEDY = Sampler()

@@ -4,10 +4,10 @@ on-device loop), on the same prompts, with the tokens checked equal. Each time i
 prefill; compilation is excluded. Repeats are interleaved (whole, chunk 1, chunk 4, whole, ...)
 and each variant's median is reported.
 
-  python3 bench/bench_stream.py --model qwen3-8b --out $OUT/stream.json
+  python -m bench.bench_stream --model qwen3-8b --out runs/stream.json
       # random bf16 weights (fused layout on a GPU) and a random reference-sized head
-  python3 bench/bench_stream.py --model smollm2-135m     # its shipped head (GPU: stage first)
-  python3 bench/bench_stream.py --quick                  # CPU check: a tiny random model
+  python -m bench.bench_stream --model smollm2-135m     # its shipped head (GPU: stage first)
+  python -m bench.bench_stream --quick                  # CPU check: a tiny random model
 """
 
 from __future__ import annotations
@@ -15,14 +15,10 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results_io import command_line, write_json  # noqa: E402
+from bench.common.results_io import command_line, write_json
 
 
 MODELS = ("qwen3-8b", "qwen3-30b-a3b", "smollm2-135m", "tiny")
@@ -39,7 +35,7 @@ def random_models(cfg, dtype):
     two layers and block 6 for a tiny target."""
     import jax
 
-    from bench_decode import random_params
+    from bench.common.models import random_params
     from jetspec_jax.draft import head as draft_head
     from jetspec_jax.io.load import Draft, Target
     from jetspec_jax.model import layout, params as P

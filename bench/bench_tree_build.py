@@ -8,8 +8,8 @@ build depends on the loop index through a runtime zero, so XLA cannot hoist it o
 `--compare REV` adds `build_trees` of `git show REV:jetspec_jax/decode/tree.py` (or of a file path),
 loaded as a module of its own.
 
-  python bench/bench_tree_build.py --out bench/results/tree_build_cpu.json
-  python bench/bench_tree_build.py --methods accum_logp top2gap chain --compare HEAD
+  python -m bench.bench_tree_build --out bench/results/tree_build/tree_build_cpu.json
+  python -m bench.bench_tree_build --methods accum_logp top2gap chain --compare HEAD
 """
 
 from __future__ import annotations
@@ -24,16 +24,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from jetspec_jax.decode import tree  # noqa: E402
-from results_io import command_line, write_json  # noqa: E402
-from timing import median_seconds  # noqa: E402
+from jetspec_jax.decode import tree
+from bench.common.results_io import command_line, write_json
+from bench.common.timing import median_seconds
 
 
 def forced(loop: bool):

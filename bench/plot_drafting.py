@@ -1,7 +1,8 @@
 """Plot bench/bench_drafting.py results: per-depth vs path-conditioned vs adaptive drafting.
 
-  python bench/plot_drafting.py bench/results/drafting_h200_batch16_prefix_fill_2026-11-30.json \
-      bench/results/drafting_cpu_batch16_prefix_fill_2026-11-30.json \
+  python -m bench.plot_drafting \
+      bench/results/drafting/drafting_h200_batch16_prefix_fill_2026-11-30.json \
+      bench/results/drafting/drafting_cpu_batch16_prefix_fill_2026-11-30.json \
       --labels "H200 batch 16" "CPU batch 16" --out docs/img/drafting_variants.png
 
 Left: tau against the time one decoding-loop iteration takes (every sequence of the batch runs
@@ -19,9 +20,9 @@ from pathlib import Path
 
 import matplotlib
 matplotlib.use("Agg")  # headless: bench machines have no display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from results_io import write_atomic  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
+from bench.common.results_io import write_atomic
 
 MODES = {"per_depth": "tab:blue", "path": "tab:orange", "adaptive": "tab:green",
          "adaptive_path": "tab:red"}

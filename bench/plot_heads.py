@@ -1,7 +1,8 @@
 """Plot bench/compare_heads.py results: tau and speedup over autoregressive decoding vs tree budget.
 
-  python bench/plot_heads.py bench/results/heads_cpu_2026-11-29.json \
-      bench/results/heads_cpu_t1_2026-11-29.json bench/results/heads_h200_2026-11-30.json \
+  python -m bench.plot_heads bench/results/heads/heads_cpu_2026-11-29.json \
+      bench/results/heads/heads_cpu_t1_2026-11-29.json \
+      bench/results/heads/heads_h200_2026-11-30.json \
       --labels "CPU greedy" "CPU T=1" "H200 greedy" --out docs/img/heads_tau_speedup.png
 
 Left: tau (tokens committed per round) pooled over benchmarks; right: wall-clock speedup over AR.
@@ -19,9 +20,9 @@ from pathlib import Path
 
 import matplotlib
 matplotlib.use("Agg")  # headless: bench machines have no display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from results_io import write_atomic  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
+from bench.common.results_io import write_atomic
 
 HEADS = {"jetspec": "tab:blue", "dflash": "tab:orange", "eagle": "tab:green"}
 STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]

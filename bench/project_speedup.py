@@ -6,9 +6,10 @@ random weights); tau comes from bench/compare_heads.py (measured on a real targe
 with our heads) or from the paper (Qwen3-8B at budget 256 only). Only round/AR is measured
 for the timed model; every speedup in the table is a projection, and the table says so.
 
-  python bench/project_speedup.py \
-      --rounds bench/results/speculative_round_sorted_tree_h200_2026-11-30.json \
-      --heads bench/results/heads_h200_2026-11-30.json bench/results/heads_cpu_2026-11-29.json
+  python -m bench.project_speedup \
+      --rounds bench/results/speculative/speculative_round_sorted_tree_h200_2026-11-30.json \
+      --heads bench/results/heads/heads_h200_2026-11-30.json \
+      bench/results/heads/heads_cpu_2026-11-29.json
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from plot_heads import pooled_tau
+from bench.plot_heads import pooled_tau
 
 PAPER_TAU = {"MATH-500": 10.76, "MT-Bench": 5.94}  # Qwen3-8B, budget 256 (the paper's table)
 PAPER_BUDGET = 256

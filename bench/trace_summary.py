@@ -2,7 +2,7 @@
 `jax.profiler.trace(dir, create_perfetto_trace=True)` writes and prints, per device, the span,
 the busy time (union of its op intervals), and the ops with the most total time.
 
-  python bench/trace_summary.py TRACE_DIR [--match GPU] [--top 12]
+  python -m bench.trace_summary TRACE_DIR [--match GPU] [--top 12]
 
 The busy/span ratio separates a device that computes slowly from one that waits (on the host,
 a collective, or another device).

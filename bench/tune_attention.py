@@ -21,8 +21,8 @@ Outputs: --out JSON with every candidate; `<tables-dir>/{tree,decode}_attention/
 with the winners that beat the heuristic by > 3% (copy them into pallas_kernels/ to use
 them: see `common.tuned_config`); a markdown table printed last.
 
-  python3 bench/tune_attention.py --out $OUT/tune_attention.json          # GPU, ~270 s
-  JAX_PLATFORMS=cpu python bench/tune_attention.py --interpret --quick    # CPU smoke test
+  python -m bench.tune_attention --out runs/tune_attention.json          # GPU, ~270 s
+  JAX_PLATFORMS=cpu python -m bench.tune_attention --interpret --quick    # CPU smoke test
 """
 
 from __future__ import annotations
@@ -31,17 +31,14 @@ import argparse
 import concurrent.futures as cf
 import dataclasses
 import os
-import sys
 import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_attention as ba  # noqa: E402
-from results_io import write_json  # noqa: E402
-from timing import median_seconds  # noqa: E402
+from bench import bench_attention as ba
+from bench.common.results_io import write_json
+from bench.common.timing import median_seconds
 
 PEAK_FLOPS = 989e12  # H200 dense bf16
 SHAPES = [  # (op, B, T, S), most important first
@@ -289,8 +286,7 @@ def print_table(results):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=None, help="JSON with every candidate "
-                    "(default $OUT/tune_attention.json when OUT is set)")
+    ap.add_argument("--out", default=None, help="JSON with every candidate")
     ap.add_argument("--tables-dir", default=None,
                     help="where tuned_<gpu>.json tables go (default: <dir of --out>/tuned)")
     ap.add_argument("--budget-s", type=float, default=270.0)
@@ -309,8 +305,7 @@ def main():
     start = time.perf_counter()
     deadline = start + args.budget_s
     reserve = min(30.0, 0.12 * args.budget_s)  # the quiet re-timing pass and the report
-    out_path = args.out or (os.path.join(os.environ["OUT"], "tune_attention.json")
-                            if os.environ.get("OUT") else None)
+    out_path = args.out
     tables_dir = args.tables_dir or (str(Path(out_path).parent / "tuned") if out_path else None)
 
     import jax

@@ -304,13 +304,10 @@ def test_tuned_table_lookup_and_fallback(tmp_path, monkeypatch):
 def test_tune_script_candidates_and_tables(tmp_path):
     """bench/tune_attention.py: <= 8 distinct configs per kernel, the heuristic first; its
     tables are read back by the loader (winners only when > 3% faster than the heuristic)."""
-    import importlib
     import json
-    import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    ta = importlib.import_module("tune_attention")
+    from bench import tune_attention as ta
     for kernel, t in [("portable", 256), ("mosaic", 16), ("decode", 1)]:
         cands = ta.candidates(kernel, 1, t, 32768, ta.HEADS, False)
         assert 4 <= len(cands) <= 8 and cands[0][0] == "heuristic"

@@ -9,21 +9,26 @@ import shlex
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # uninstalled on the GPU machine
-from jetspec_jax.io.files import write_atomic, write_json, write_text  # noqa: E402
+from jetspec_jax.io.files import write_atomic, write_json, write_text
+
+ROOT = Path(__file__).resolve().parents[2]
 
 __all__ = ["command_line", "resume", "write_atomic", "write_json", "write_text"]
 
 
 def command_line() -> str:
-    """This run's command as typed from the repository root, led by the XLA_FLAGS it ran
-    under: they change the compiled programs, so a timing without them is not reproducible."""
+    """This run's command as typed from the repository root (`python -m bench.X ...` for a
+    script of this package), led by the XLA_FLAGS it ran under: they change the compiled
+    programs, so a timing without them is not reproducible."""
     script = Path(sys.argv[0]).resolve()
     if script.is_relative_to(ROOT):
         script = script.relative_to(ROOT)
+    if script.parts[:1] == ("bench",) and script.suffix == ".py":
+        launch = ["-m", ".".join(script.with_suffix("").parts)]
+    else:
+        launch = [str(script)]
     flags = os.environ.get("XLA_FLAGS")
-    words = ["python", str(script), *sys.argv[1:]]
+    words = ["python", *launch, *sys.argv[1:]]
     return (f"XLA_FLAGS={shlex.quote(flags)} " if flags else "") + shlex.join(words)
 
 
