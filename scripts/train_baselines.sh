@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Trains the comparison heads of issue 5 side by side on one GPU, with the shipped head's data
+# Trains the comparison heads side by side on one GPU, with the shipped head's data
 # and settings (scripts/train_default_head.sh made both): the DFlash (bidirectional) head and the
 # EAGLE-style head by default. Every run resumes from its checkpoints.
 #   RUN=runs/default-head MODEL=smollm2-135m TIME_LIMIT=7 bash scripts/train_baselines.sh

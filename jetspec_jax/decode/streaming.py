@@ -13,11 +13,10 @@ import numpy as np
 
 from jetspec_jax.decode import autoregressive as decode, speculative
 
-# Default rounds (speculative) and steps (autoregressive) per chunk. On our 2-core CPU each
-# call costs ~10 ms beyond its steps (SmolLM2, float32): XLA:CPU maps a fresh temporary buffer
-# per call and faults it in. Chunks of one round were 19% slower than the whole loop there,
-# of four 5%, chunks of 8 AR steps 3.5% (docs/benchmarks.md). Not measured on a GPU, whose
-# temporaries come from a pooled allocator.
+# Default rounds (speculative) and steps (autoregressive) per chunk. On a CPU each call costs
+# more than its steps: XLA:CPU maps a fresh temporary buffer per call and faults it in. Chunks
+# of one round or step were much slower than the whole loop there, these a few percent
+# (docs/benchmarks.md, streaming). A GPU's temporaries come from a pooled allocator.
 SPEC_CHUNK, AR_CHUNK = 4, 8
 _LOOP = ("max_new", "sampler", "stop_ids", "attn_impl")  # static arguments of the loops
 _START = ("num_slots", "cache_dtype", "prefill_chunk")  # and of the prefill only

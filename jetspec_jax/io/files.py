@@ -1,6 +1,6 @@
 """Files written whole or not at all: a temporary file in the same folder, then an atomic
 rename, so an interrupted run never leaves half a file. Imports nothing heavy (no jax): the
-light bench helpers and plot scripts use it too (through bench/results_io.py)."""
+light bench helpers and plot scripts use it too (through bench/common/results_io.py)."""
 
 from __future__ import annotations
 

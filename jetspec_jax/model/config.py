@@ -69,10 +69,9 @@ class ModelConfig:
     @property
     def matmul(self) -> str:
         """The projections' implementation (`layers.project`). "auto" is what measured fastest
-        on the H200 (bench/results/decode_matmul_impl_h200_2026-11-29.json): for MoE models
-        the Pallas kernels wherever they serve (Qwen3-30B-A3B decode 4.2 against 10.2 ms: the
-        grouped kernel reads chosen experts in place), for dense ones XLA (Qwen3-8B: 4.89 ms
-        against 5.17 with the kernels, 4.97 "tuned"). Off NVIDIA GPUs both run XLA."""
+        on the H200 (docs/benchmarks.md, decode speed): for MoE models the Pallas kernels
+        wherever they serve (the grouped kernel reads the chosen experts in place, where XLA's
+        gather copies them first), for dense ones XLA. Off NVIDIA GPUs both run XLA."""
         if self.matmul_impl != "auto":
             return self.matmul_impl
         return "pallas" if self.num_experts else "xla"

@@ -24,8 +24,8 @@ from pallas_kernels.tree_attention import cache_attention
 # attn_impl values the model adds to the cache-attention ones: one decode token per sequence
 # runs `fused_decode_attention` (q/k norm, RoPE, cache write and attention in one kernel), every
 # other call "auto" ("fused") or the reference ("fused_interpret": the kernel in interpret mode,
-# for CPU tests). "auto" on a GPU runs it too: 4.68 against 4.83 ms per Qwen3-8B token on the
-# H200, its GPU tests passing (bench/results/decode_fused_h200_2026-11-30.json).
+# for CPU tests). "auto" on a GPU runs it too: it measured faster than the split-K kernel per
+# Qwen3-8B token on the H200 (docs/benchmarks.md, decode speed).
 FUSED_IMPLS = ("fused", "fused_interpret")
 
 
@@ -46,7 +46,7 @@ def embed(params, tokens):
 def lm_head(params, cfg: ModelConfig, hidden):
     """hidden [B, T, D] -> float32 logits [B, T, V]."""
     if cfg.tie_embeddings:  # contract with embed [V, D] as stored: XLA:CPU copied embed.T
-        # on every one-row call (12.8 ms against 2.6 ms: bench/lm_head_cpu.py)
+        # on every one-row call, five times the matmul's own time (docs/experiments.md)
         return jnp.einsum("BTD,VD->BTV", hidden, params["embed"],
                           preferred_element_type=jnp.float32)
     return project("BTD,DV->BTV", hidden, params["lm_head"], cfg.matmul, jnp.float32)
@@ -153,7 +153,7 @@ def _fused_gemv_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write
         return x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)), \
             k_cache, v_cache
     # gate and up as two outputs (one weight a program) and SiLU x up in XLA's split-K
-    # epilogue: 77% of 4.25 TB/s on the H200, the kernel's paired SwiGLU form 72%
+    # epilogue: faster on the H200 than the kernel's paired SwiGLU form
     if "gate_up" in p:
         gate, up = jnp.split(gemv(rows, [p["gate_up"]], p["mlp_norm"])[0], 2, axis=-1)
     else:

@@ -1,7 +1,7 @@
 """Weight-streaming matmul for few rows on Hopper (sm_90): Pallas Mosaic GPU, TMA + wgmma.
 
 The Triton-lowered kernels of this package stream mid-sized weights at 54-77% of the H200's
-4.25 TB/s where XLA's GEMV reaches 86% inside a decode step (docs/benchmarks.md, session 11).
+4.25 TB/s where XLA's GEMV reaches 86% inside a decode step (docs/benchmarks.md).
 This one moves the weight tiles with TMA into a ring of `stages` shared-memory buffers,
 issued `stages - 1` steps ahead, and multiplies on the tensor cores with the weight as the
 wide operand: y^T [block_n, M8] += w_tile^T [block_n, block_k] @ x_tile^T [block_k, M8]
@@ -14,7 +14,7 @@ Grid: (column strips of block_n, K splits). Each program writes its float32 part
 Shapes it does not serve raise NotImplementedError: K not a multiple of block_k, N not a
 multiple of block_n, M > 32, dtypes other than bf16 / f16, devices other than sm_90.
 
-On the H200 (session 12, bench/results/gemv_mosaic_h200_2026-11-30.json) it streams gate/up
+On the H200 (docs/experiments.md) it streams gate/up
 [4096, 12288] at 82% (XLA 78%, Triton 79% in the same chain) but down and q/o no better than
 XLA, and a Qwen3-8B step with it takes 4.93 against XLA's 4.75 ms: opt-in.
 """

