@@ -3,7 +3,7 @@ path-conditioned tree (`jetspec_jax/draft/path.py`) and the adaptive budget
 (`jetspec_jax/decode/adaptive.py`, buckets up to the budget), each against autoregressive decoding
 of the same batch. Greedy; outputs are compared token for token with autoregressive decoding.
 
-Prompts come from the benchmark sets of bench/bench_acceptance.py (same loaders). Per
+Prompts come from the benchmark sets of `bench.common.prompts`. Per
 benchmark and budget it reports tau (tokens committed per round), tok/s, the speedup over
 autoregressive decoding and, for the adaptive modes, the mean tree size actually verified.
 The adaptive cost table is measured on this device at start-up (`adaptive.measure_costs`)
