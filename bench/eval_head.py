@@ -1,0 +1,105 @@
+"""A draft head on the full benchmark sets: tau per benchmark and budget (greedy and sampled),
+whether greedy speculative output equals greedy autoregressive output, and the wall-clock
+speedup at batch 1 over autoregressive decoding timed in the same run.
+
+  python -m bench.eval_head --draft checkpoints/smollm2-135m-jetspec --dtype bfloat16 \
+      --budgets 16 32 64 128 256 --temperatures 0 1 --batch1-prompts 8 --out eval.json
+
+Tau comes from each benchmark decoded as one ragged batch (tau does not depend on the batch);
+speed from the first --batch1-prompts prompts of each benchmark decoded one at a time, each
+speculative run followed by the autoregressive run of the same prompt. Benchmark prompts are
+for evaluation only: never train on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+
+from bench.common.prompts import BENCHMARKS
+from bench.common.results_io import command_line, write_json
+from jetspec_jax import api
+
+
+def tau_rows(target, draft, prompts, *, budgets, temperature, max_new, seed=0):
+    """One row per budget for one benchmark batch; greedy rows also check equality with AR."""
+    rows, ar = [], None
+    for b in budgets:
+        r = api.generate(target, prompts, draft=draft, budget=b, max_new_tokens=max_new,
+                         temperature=temperature, seed=seed,
+                         compare_autoregressive=temperature == 0 and ar is None)
+        if r.ar_tokens is not None:
+            ar = r.ar_tokens
+        row = dict(budget=b, temperature=temperature, tau=r.tau_mean, tau_hist=r.tau_hist,
+                   tokens=r.num_generated, seconds=r.seconds)
+        if temperature == 0:
+            same = [a == s for a, s in zip(ar, r.tokens)]
+            row.update(identical=all(same), identical_share=float(np.mean(same)))
+        rows.append(row)
+    return rows
+
+
+def batch1_speed(target, draft, prompts, *, budget, max_new):
+    """Speculative vs autoregressive seconds, summed over prompts decoded one at a time."""
+    spec_s = ar_s = 0.0
+    tokens, same = 0, 0
+    for p in prompts:
+        r = api.generate(target, [p], draft=draft, budget=budget, max_new_tokens=max_new,
+                         compare_autoregressive=True)
+        spec_s += r.seconds
+        ar_s += r.ar_seconds
+        tokens += r.num_generated
+        same += r.tokens == r.ar_tokens
+    return dict(budget=budget, prompts=len(prompts), tokens=tokens, seconds=spec_s,
+                ar_seconds=ar_s, speedup=ar_s / spec_s, tokens_per_s=tokens / spec_s,
+                ar_tokens_per_s=tokens / ar_s, identical_share=same / len(prompts))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=api.DEFAULT_MODEL)
+    ap.add_argument("--draft", default=None, help="head folder (default: the shipped head)")
+    ap.add_argument("--dtype", default="bfloat16", choices=sorted(api.DTYPES))
+    ap.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=list(BENCHMARKS))
+    ap.add_argument("--limit", type=int, default=0, help="prompts per benchmark (0: all)")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--batch1-prompts", type=int, default=8,
+                    help="prompts per benchmark timed at batch 1 (0: no speed measurement)")
+    ap.add_argument("--batch1-budgets", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    api.exact_float32(args.dtype)
+    target = api.load_target(args.model, dtype=args.dtype)
+    draft = api.load_draft(args.draft or api.default_draft_path(args.model), target)
+    result = dict(command=command_line(), dtype=args.dtype, device=jax.devices()[0].device_kind,
+                  date=time.strftime("%Y-%m-%d"), tau={}, batch1={})
+    for name in args.benchmarks:
+        prompts = BENCHMARKS[name]()
+        prompts = prompts[:args.limit] if args.limit else prompts
+        result["tau"][name] = [row for t in args.temperatures for row in tau_rows(
+            target, draft, prompts, budgets=args.budgets, temperature=t,
+            max_new=args.max_new_tokens)]
+        write_json(args.out, result)
+        if args.batch1_prompts:
+            result["batch1"][name] = [batch1_speed(
+                target, draft, prompts[:args.batch1_prompts], budget=b,
+                max_new=args.max_new_tokens) for b in args.batch1_budgets]
+            write_json(args.out, result)
+    print(f"{'benchmark':10s} {'T':>4s} " + " ".join(f"{b:>6d}" for b in args.budgets))
+    for name, rows in result["tau"].items():
+        for t in args.temperatures:
+            taus = [r["tau"] for r in rows if r["temperature"] == t]
+            print(f"{name:10s} {t:4.1f} " + " ".join(f"{x:6.2f}" for x in taus))
+    for name, rows in result["batch1"].items():
+        for r in rows:
+            print(f"{name:10s} batch 1, budget {r['budget']}: {r['speedup']:.2f}x "
+                  f"({r['tokens_per_s']:.0f} vs {r['ar_tokens_per_s']:.0f} tok/s)")
+
+
+if __name__ == "__main__":
+    main()
