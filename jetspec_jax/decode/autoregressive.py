@@ -9,7 +9,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.decode.sampling import Sampler, choose_tokens
+from jetspec_jax.decode.sampling import Sampler, choose_tokens, split_key
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache
 from jetspec_jax.model.config import ModelConfig
@@ -151,7 +151,7 @@ def ar_start(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int
     cache = target.allocate_cache(cfg, b, num_slots, cache_dtype)
     logits, cache, _ = prefill(params, cfg, prompt, prompt_lens, cache, attn_impl=attn_impl,
                                chunk=prefill_chunk)
-    key, sub = jax.random.split(key)
+    key, sub = split_key(key)
     first = choose_tokens(sub, logits, sampler)
     out = Output.empty(b, max_new + 1).append(first[:, None], jnp.ones((b,), jnp.int32),
                                                stop_ids, max_new)
@@ -165,7 +165,7 @@ def ar_continue(params, state: ARState, *, cfg: ModelConfig, max_new: int, sampl
     ones = jnp.ones(state.last.shape, jnp.int32)
 
     def step(s: ARState) -> ARState:
-        key, sub = jax.random.split(s.key)
+        key, sub = split_key(s.key)
         nxt, cache = decode_step(params, cfg, s.cache, s.last, sub, sampler, s.out.done,
                                  attn_impl)
         return ARState(cache=cache, out=s.out.append(nxt[:, None], ones, stop_ids, max_new),

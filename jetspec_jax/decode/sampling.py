@@ -67,7 +67,18 @@ def greedy_tokens(logits):
 
 
 def choose_tokens(key, logits, sampler: Sampler):
-    """logits [..., V] -> tokens [...] int32 (argmax when greedy, else a sample)."""
+    """logits [..., V] -> tokens [...] int32 (argmax when greedy, else a sample). A key per
+    row (key [B], logits [B, ..., V]) gives each row its own stream: a row's sample then does
+    not depend on the batch it is decoded in."""
     if sampler.greedy:
         return greedy_tokens(logits)
+    if key.ndim:
+        return jax.vmap(lambda k, x: choose_tokens(k, x, sampler))(key, logits)
     return jax.random.categorical(key, filtered_logits(logits, sampler), axis=-1).astype(jnp.int32)
+
+
+def split_key(key):
+    """(next key, subkey) of a key, or of each row's key [B]."""
+    if key.ndim:
+        return tuple(jax.vmap(jax.random.split)(key).swapaxes(0, 1))
+    return tuple(jax.random.split(key))
