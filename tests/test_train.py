@@ -1,5 +1,6 @@
 """Draft-head training: the training forward equals inference, the loss falls, runs resume
-exactly, and the self-distillation data builder writes and resumes shards."""
+exactly, and the self-distillation data builder writes and resumes shards (its prompts and
+sampled answers: test_train_data.py)."""
 
 import dataclasses
 import functools
@@ -122,8 +123,9 @@ def test_make_dataset_writes_and_resumes(tiny, dataset, tmp_path, monkeypatch):
     work = tmp_path / "train"
     shutil.copytree(dataset / "train", work)
     (work / "shard-00001.npz").unlink()
-    real, made = D._generate, []
-    monkeypatch.setattr(D, "_generate", lambda *a, **k: made.append(len(a[2])) or real(*a, **k))
+    real, made = D._Generator.__call__, []
+    monkeypatch.setattr(D._Generator, "__call__",
+                        lambda self, rows: made.append(len(rows)) or real(self, rows))
     D.make_dataset(tp, tcfg, CharTokenizer(), PROMPTS[:8], work, **DATA_KW)
     assert made == [4]
     again = D.load_shards(work)
@@ -133,24 +135,6 @@ def test_make_dataset_writes_and_resumes(tiny, dataset, tmp_path, monkeypatch):
     assert made == [4, 2] and manifest["num_seqs"] == 10
     with pytest.raises(D.DatasetError, match="generated with"):
         D.make_dataset(tp, tcfg, CharTokenizer(), PROMPTS[:8], work, **{**DATA_KW, "max_new": 5})
-
-
-def test_prompt_sources_and_split(tmp_path):
-    prompts = [f"p{i}" for i in range(200)]
-    train = list(D.read_prompts(prompts, split="train", heldout_fraction=0.2))
-    held = list(D.read_prompts(prompts, split="heldout", heldout_fraction=0.2))
-    assert sorted(train + held) == sorted(prompts) and 20 < len(held) < 60
-    jsonl = tmp_path / "p.jsonl"
-    jsonl.write_text('{"prompt": "hi"}\n\n{"id": "x", "prompt": "yo"}\n')
-    assert list(D.read_prompts(jsonl)) == ["hi", "yo"]
-    # A ShareGPT-style array cut off mid-object yields the complete objects before the cut.
-    convs = [{"id": f"c{i}_0", "conversations": [{"from": "human", "value": f"q{i}"},
-                                                  {"from": "gpt", "value": "a"}]}
-             for i in range(3)]
-    text = json.dumps(convs, indent=2)
-    (tmp_path / "s.json").write_text(text[: text.index('"q2"')])
-    assert list(D.iter_json_array(tmp_path / "s.json", chunk_chars=7)) == convs[:2]
-    assert list(D.read_prompts(tmp_path / "s.json")) == ["q0", "q1"]
 
 
 def test_clear_errors(tiny, tmp_path):
@@ -167,8 +151,6 @@ def test_clear_errors(tiny, tmp_path):
         {"file": "shard-00000.npz"}]}))
     with pytest.raises(D.DatasetError, match="listed in the manifest but missing"):
         D.load_shards(broken)
-    with pytest.raises(FileNotFoundError, match="no prompt file"):
-        list(D.read_prompts(tmp_path / "nope.jsonl"))
     with pytest.raises(ValueError, match="unknown head"):
         TrainConfig(data_dir=".", out_dir=".", head="medusa")
 
