@@ -400,7 +400,7 @@ def run_train_data(args) -> None:
         prompts = P.read_prompts(args.prompts, split=args.split, sources=args.sources)
     else:
         records = P.collect(args.sources, seed=args.seed, tokenizer=target.tokenizer,
-                            max_prompt_len=args.max_prompt_len)
+                            max_prompt_len=args.max_prompt_len, progress=True)
         prompts = P.read_prompts([r["messages"] for r in records if r["split"] == args.split])
     manifest = make_dataset(
         target.params, target.cfg, target.tokenizer, prompts, args.out,

@@ -29,7 +29,7 @@ def main():
     tokenizer = api.load_target(args.model).tokenizer
     start = time.perf_counter()
     records = P.collect(args.sources, seed=args.seed, tokenizer=tokenizer,
-                        max_prompt_len=args.max_prompt_len, limits={"math": args.math, "code": args.code})
+                        max_prompt_len=args.max_prompt_len, limits={"math": args.math, "code": args.code}, progress=True)
     n = P.write_prompt_file(records, args.out)
     counts = collections.Counter((r["source"], r["split"]) for r in records)
     for source in args.sources:

@@ -84,6 +84,9 @@ def test_sources_are_deterministic_and_distinct():
     code = [r["messages"][0]["content"] for r in a if r["source"] == "code"]
     assert any(c.startswith("Write a Python function `") for c in code)
     assert any("```python\ndef " in c for c in code)
+    # An endless source whose prompts never fit ends instead of looping.
+    assert P.collect(("math",), tokenizer=word_tokenizer(), max_prompt_len=4,
+                     limits={"math": 50}) == []
 
 
 def test_heldout_mixes_all_sources(tmp_path, monkeypatch):

@@ -98,11 +98,7 @@ def make_dataset(tparams, tcfg: ModelConfig, tokenizer, prompts: Iterable[str | 
         # A shard is done when it exists for as many prompts (a partial last shard is redone
         # when more prompts come).
         if _shard_prompts(file) != len(chunk) or file.name not in done:
-            chunk = [user(p) if isinstance(p, str) else p for p in chunk]
-            ids = [tokenizer.apply_chat_template(m) for m in chunk]
-            keep = [j for j, x in enumerate(ids) if 0 < len(x) <= max_prompt_len]
-            rows = [(ids[j], stable_hash(prompt_text(chunk[j])) >> 33, a, s)
-                    for j in keep for a, s in enumerate(answers)]
+            rows = _rows(tokenizer, chunk, answers, max_prompt_len)
             arrays, new_tokens, seconds = gen(rows)
             write_atomic(file, lambda f: np.savez(f, num_prompts=len(chunk), **arrays))
             entry = {"file": file.name, "num_prompts": len(chunk),
@@ -134,6 +130,19 @@ def _manifest(settings: GenSettings, shards: list[dict], compile_seconds: float)
                            "tokens_per_s": round(new / secs, 1) if secs else None,
                            "compile_seconds": round(compile_seconds, 3),
                            "backend": jax.default_backend()}}
+
+
+def _rows(tokenizer, prompts, answers: list[Sampler], max_prompt_len: int) -> list[tuple]:
+    """(prompt ids, prompt hash, answer number, sampler) of each answer to each prompt that
+    fits max_prompt_len templated tokens."""
+    rows = []
+    for p in prompts:
+        messages = user(p) if isinstance(p, str) else p
+        ids = tokenizer.apply_chat_template(messages)
+        if 0 < len(ids) <= max_prompt_len:
+            h = stable_hash(prompt_text(messages)) >> 33  # 31 bits: a fold_in datum
+            rows += [(ids, h, a, s) for a, s in enumerate(answers)]
+    return rows
 
 
 @functools.partial(jax.jit, static_argnums=0)

