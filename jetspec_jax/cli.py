@@ -401,7 +401,8 @@ def run_train_data(args) -> None:
     else:
         records = P.collect(args.sources, seed=args.seed, tokenizer=target.tokenizer,
                             max_prompt_len=args.max_prompt_len, progress=True)
-        prompts = P.read_prompts([r["messages"] for r in records if r["split"] == args.split])
+        prompts = P.read_prompts([r["messages"] for r in P.mixed(records)
+                                  if r["split"] == args.split])
     manifest = make_dataset(
         target.params, target.cfg, target.tokenizer, prompts, args.out,
         shard_size=args.shard_size, max_prompt_len=args.max_prompt_len,

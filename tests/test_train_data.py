@@ -94,7 +94,7 @@ def test_heldout_mixes_all_sources(tmp_path, monkeypatch):
              for i in range(300)]
     monkeypatch.setattr(P, "sharegpt_path", lambda: write_sharegpt(tmp_path / "s.json", convs))
     records = P.collect(seed=3, limits={"math": 600, "code": 600}, heldout_fraction=0.1)
-    held = [r for r in records if r["split"] == "heldout"]
+    held = [r for r in P.mixed(records) if r["split"] == "heldout"]
     assert len(held) >= 64 and {r["source"] for r in held[:64]} == set(P.SOURCES)
 
 
@@ -105,7 +105,7 @@ def test_prompt_files(tmp_path):
     assert P.write_prompt_file(records, file) == 600
     assert lzma.decompress(file.read_bytes()).count(b"\n") == 600
     assert list(P.read_prompt_file(file)) == records
-    held_math = [r["messages"] for r in records if r["split"] == "heldout" and
+    held_math = [r["messages"] for r in P.mixed(records) if r["split"] == "heldout" and
                  r["source"] == "math"]
     assert list(P.read_prompts(file, split="heldout", sources=["math"])) == held_math
     plain = tmp_path / "p.jsonl"  # the old format: one prompt per line, split by its text
@@ -171,7 +171,7 @@ def test_export_then_train_data(tiny, tmp_path, monkeypatch, capsys):
                                       "20", "--max-prompt-len", "48"])
     runpy.run_path(str(SCRIPT), run_name="__main__")
     assert "wrote 60 prompts" in capsys.readouterr().out
-    train = [r["messages"] for r in P.read_prompt_file(file) if r["split"] == "train"][:5]
+    train = list(P.read_prompts(file, split="train"))[:5]
     out = tmp_path / "data"
     code = main(["train-data", "--model", str(model), "--prompts", str(file), "--out", str(out),
                  "--max-seqs", "5", "--max-prompt-len", "48", "--max-new-tokens", "6",

@@ -2,7 +2,7 @@
 
     records = collect(("sharegpt", "math", "code"), tokenizer=tok, max_prompt_len=192)
     write_prompt_file(records, "prompts.jsonl.xz")
-    prompts = read_prompts("prompts.jsonl.xz", split="train")   # -> message lists
+    prompts = read_prompts("prompts.jsonl.xz", split="train")   # -> message lists, mixed
 
 Sources: ShareGPT (every human turn, with the conversation's earlier turns as its history),
 generated math word problems (math_prompts.py) and coding prompts from the Python standard
@@ -125,7 +125,7 @@ def collect(sources: Iterable[str] = SOURCES, *, seed: int = 0, tokenizer=None,
             heldout_fraction: float = HELDOUT_FRACTION, progress: bool = False) -> list[dict]:
     """Records of the sources' distinct prompts that fit max_prompt_len templated tokens (when
     a tokenizer is given), at most limits[source] of each (math is endless: default 30,000),
-    shuffled together by the seed so that any prefix mixes the sources."""
+    source by source (xz packs them tighter so: `mixed` interleaves them)."""
     from tqdm.auto import tqdm
 
     limits = {"math": 30_000, **(limits or {})}
@@ -143,7 +143,13 @@ def collect(sources: Iterable[str] = SOURCES, *, seed: int = 0, tokenizer=None,
             records.append({"source": source, "split": split_of(messages, heldout_fraction),
                             "messages": messages})
             kept += 1
-    random.Random(f"shuffle-{seed}").shuffle(records)
+    return records
+
+
+def mixed(records: Iterable[dict]) -> list[dict]:
+    """The records in a fixed pseudo-random order, so that any prefix mixes the sources."""
+    records = list(records)
+    random.Random("mix").shuffle(records)
     return records
 
 
@@ -155,7 +161,8 @@ def _fits(messages, tokenizer, max_prompt_len) -> bool:
     return tokenizer is None or len(tokenizer.apply_chat_template(messages)) <= max_prompt_len
 
 
-COMPRESS = {".xz": lambda b: lzma.compress(b, preset=9), ".gz": gzip.compress}
+COMPRESS = {".xz": lambda b: lzma.compress(b, preset=9 | lzma.PRESET_EXTREME),
+            ".gz": gzip.compress}
 OPEN = {".xz": lzma.open, ".gz": gzip.open}
 
 
@@ -200,8 +207,9 @@ def _record(line: str, where: str, heldout_fraction: float) -> dict:
 def read_prompts(source: str | Path | Iterable[str | list[dict]], *, split: str | None = None,
                  sources: Iterable[str] | None = None,
                  heldout_fraction: float = HELDOUT_FRACTION) -> Iterator[list[dict]]:
-    """Distinct prompts (message lists) of a prompt file (.jsonl[.xz|.gz]), a ShareGPT .json
-    file, or an iterable of strings / message lists. split: "train", "heldout" or None (all);
+    """Distinct prompts (message lists) of a prompt file (.jsonl[.xz|.gz], in `mixed` order),
+    a ShareGPT .json file, or an iterable of strings / message lists (in their order).
+    split: "train", "heldout" or None (all);
     sources: keep only records of these sources (records of no named source are kept)."""
     if split not in (None, *SPLITS):
         raise ValueError(f"split must be 'train', 'heldout' or None, got {split!r}")
@@ -213,7 +221,7 @@ def read_prompts(source: str | Path | Iterable[str | list[dict]], *, split: str 
             records = ({"source": "sharegpt", "messages": m,
                         "split": split_of(m, heldout_fraction)} for m in sharegpt_prompts(path))
         else:
-            records = read_prompt_file(path, heldout_fraction)
+            records = mixed(read_prompt_file(path, heldout_fraction))
     else:
         records = ({"source": None, "messages": user(p) if isinstance(p, str) else p,
                     "split": split_of(user(p) if isinstance(p, str) else p, heldout_fraction)}
