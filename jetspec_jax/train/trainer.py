@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
 from jetspec_jax.decode.sampling import Sampler
@@ -235,7 +235,8 @@ def data_mesh(spec: str) -> Mesh:
     if n > len(devices):
         raise ValueError(f"mesh {spec!r} needs {n} devices, {len(devices)} "
                          f"{jax.default_backend()} devices are present")
-    return jax.make_mesh((n,), ("data",), devices=devices[:n])
+    # Auto axes: jit propagates the placed inputs' shardings through the unchanged step.
+    return jax.make_mesh((n,), ("data",), (AxisType.Auto,), devices=devices[:n])
 
 
 def place(mesh: Mesh | None, tree, batch: bool = False):
