@@ -496,3 +496,30 @@ def test_init_head_continues_a_run_with_a_fresh_optimizer(tiny, dataset, tmp_pat
     np.testing.assert_allclose(schedule(10), make_optimizer(cfg)[1](10) / 3, rtol=1e-6)
     with pytest.raises(ValueError, match="start_step continues a run"):
         dataclasses.replace(cfg, start_step=5)
+
+
+def test_step_flops_match_the_compiled_forwards():
+    """The logged model FLOPs (`throughput.step_flops`) agree with XLA's count of the jitted
+    head and target forwards to within their elementwise work (a few per cent)."""
+    from jetspec_jax.train.head_forward import target_logits_at
+    from jetspec_jax.train.throughput import step_flops
+
+    tcfg, tp = tiny_target("dense", seed=0, vocab=256)
+    dcfg, dp = tiny_head(tcfg, block_size=4, num_layers=2)
+    b, t, a = 2, 32, 4
+    tokens = jnp.zeros((b, t), jnp.int32)
+    anchors = jnp.tile(jnp.arange(a, dtype=jnp.int32)[None], (b, 1))
+    taps = jnp.zeros((b, t, 2 * tcfg.hidden_size))
+    pos = jnp.zeros((b, a, 3), jnp.int32)
+
+    def xla_flops(fn, *args):
+        cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+        return (cost[0] if isinstance(cost, list) else cost)["flops"]
+
+    head = xla_flops(lambda dp: head_logits(dp, dcfg, tp, tcfg, taps, tokens, anchors), dp)
+    teacher = xla_flops(lambda tp: target_logits_at(
+        tp, tcfg, target_pass(tp, tcfg, tokens, dcfg.tap_layers)[0], pos), tp)
+    got = step_flops(tcfg, dcfg, batch=b, seq_len=t, anchors=a)
+    assert 0.9 * head < got["head"] <= head and 0.9 * teacher < got["target"] <= teacher
+    assert got["step"] == got["target"] + 3 * got["head"]
+    assert step_flops(tcfg, dcfg, batch=b, seq_len=t, anchors=a, cached=True)["target"] == 0
