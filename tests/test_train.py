@@ -498,6 +498,18 @@ def test_init_head_continues_a_run_with_a_fresh_optimizer(tiny, dataset, tmp_pat
         dataclasses.replace(cfg, start_step=5)
 
 
+def test_final_norm_from_the_target(tiny, dataset):
+    from jetspec_jax.train.trainer import fresh_params
+
+    tcfg, tp = tiny
+    cfg = train_config(dataset, ".", norm_from_target=True)
+    tp = {**tp, "final_norm": tp["final_norm"] * 1.5}  # not the head's ones
+    specs = draft_specs(cfg.draft_config(tcfg))
+    np.testing.assert_array_equal(fresh_params(cfg, specs, tp)["norm"], tp["final_norm"])
+    plain = fresh_params(dataclasses.replace(cfg, norm_from_target=False), specs, tp)
+    np.testing.assert_array_equal(plain["norm"], 1.0)
+
+
 def test_step_flops_match_the_compiled_forwards():
     """The logged model FLOPs (`throughput.step_flops`) agree with XLA's count of the jitted
     head and target forwards to within their elementwise work (a few per cent)."""

@@ -309,6 +309,14 @@ def load_init_head(cfg: TrainConfig, dcfg, specs) -> dict:
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
 
 
+def fresh_params(cfg: TrainConfig, specs, tparams) -> dict:
+    """A new head's params (seeded); with norm_from_target its final norm is the target's."""
+    dparams = init_params(specs, jax.random.key(cfg.seed))
+    if cfg.norm_from_target:
+        dparams["norm"] = jnp.asarray(tparams["final_norm"], dparams["norm"].dtype)
+    return dparams
+
+
 class Throughput:
     """Steps timed between log points (the first step of a call, which compiles, is not)."""
 
@@ -355,9 +363,7 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
                                   data_dir=cfg.eval_dir)
     elif cfg.eval_dir:
         eval_data = load_shards(cfg.eval_dir)
-    dparams = init_params(specs, jax.random.key(cfg.seed))
-    if cfg.norm_from_target:
-        dparams["norm"] = jnp.asarray(tparams["final_norm"], dparams["norm"].dtype)
+    dparams = fresh_params(cfg, specs, tparams)
     opt_state = make_optimizer(cfg)[0].init(dparams)  # its structure does not depend on offset
     sampler = BatchSampler(len(data["lengths"]), cfg.batch_size, cfg.seed)
     step, elapsed, offset = 0, 0.0, 0
