@@ -208,7 +208,10 @@ def test_interrupted_run_resumes_exactly(tiny, dataset, tmp_path):
     resumed = train(cfg, tp, tcfg, progress=False)
     assert resumed.step == 12
     jax.tree.map(np.testing.assert_array_equal, resumed.dparams, whole.dparams)
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
     assert strip(read_metrics(tmp_path / "b" / "metrics.jsonl")) == strip(
         read_metrics(tmp_path / "a" / "metrics.jsonl"))
     # A time limit stops after the step that passes it, checkpoints there and writes the head

@@ -26,7 +26,7 @@ def test_data_parallel_training_equals_one_device(tmp_path):
 @pytest.mark.parametrize("spec,problem", [
     ("data=0", "expected data=N"), ("tp=2", "expected data=N"), ("data=8", "needs 8 devices")])
 def test_bad_training_meshes_are_named(spec, problem):
-    from jetspec_jax.train.trainer import data_mesh
+    from jetspec_jax.train.parallel import data_mesh
 
     with pytest.raises(ValueError, match=problem):
         data_mesh(spec)
@@ -42,8 +42,8 @@ def child(root: Path) -> None:
     from helpers import tiny_target
     from test_train import DATA_KW, PROMPTS, CharTokenizer, train_config
     from jetspec_jax.train import data as D
-    from jetspec_jax.train.trainer import (data_mesh, make_optimizer, make_steps, place,
-                                           read_metrics, train)
+    from jetspec_jax.train.parallel import data_mesh, place
+    from jetspec_jax.train.trainer import make_optimizer, make_steps, read_metrics, train
 
     assert len(jax.devices()) == FAKE_DEVICES
     tcfg, tp = tiny_target("dense", seed=2, vocab=16)

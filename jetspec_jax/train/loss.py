@@ -10,6 +10,9 @@ the KL is sum_k p_k (log p_k - log q_k) with the head's full log-softmax q. The 
 baseline (`eagle.py`) is trained the same way on its unrolled chain of D depths. With
 `prefix_fill` some blocks hold true tokens in their first slots (`prefix_fill.py`), as the
 path-conditioned drafting pass shows them; those slots are not supervised.
+The anchors run in chunks (`map_anchor_chunks`): the head's and the teacher's logits of one
+chunk, [B, chunk, blk-1, V] in float32, are all a step holds at a time, so recipe-sized anchor
+counts (256-512 per sequence) fit; the result equals one pass over all anchors.
 
 Mask token: a head either owns a learned `mask_embed` (`DraftConfig.mask_token_id=None`) or
 uses the target's embedding of a reserved id. We recommend the learned embedding for new
@@ -97,7 +100,10 @@ def map_anchor_chunks(fn, chunk: int | None, *xs):
     if a % chunk:
         raise ValueError(f"anchor chunk {chunk} must divide the {a} anchors per sequence")
     n = a // chunk
-    split = lambda x: jnp.moveaxis(x.reshape(x.shape[0], n, chunk, *x.shape[2:]), 1, 0)  # noqa: E731
+
+    def split(x):  # [B, A, ...] -> [n, B, chunk, ...]
+        return jnp.moveaxis(x.reshape(x.shape[0], n, chunk, *x.shape[2:]), 1, 0)
+
     out = jax.lax.map(lambda p: jax.checkpoint(fn)(*p), tuple(split(x) for x in xs))
     return jax.tree.map(lambda y: jnp.moveaxis(y, 0, 1).reshape(y.shape[1], a, *y.shape[3:]),
                         out)

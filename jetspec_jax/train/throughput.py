@@ -12,6 +12,8 @@ the recomputation of checkpointed anchor chunks is not model work and is not cou
 
 from __future__ import annotations
 
+import time
+
 from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.model.config import ModelConfig
 
@@ -48,3 +50,25 @@ def step_flops(tcfg: ModelConfig, dcfg: DraftConfig, *, batch: int, seq_len: int
         head += layer_flops(c, i, q, t + chunk * blk)  # block queries: context + chunk slots
     head += 2 * slots * d * v  # the LM head at the drafted slots
     return {"target": target, "head": head, "step": target + 3 * head}
+
+
+class Throughput:
+    """Steps timed between log points (the caller leaves a call's first, compiling step out):
+    tokens and model FLOPs per step (flops None: not counted) over peak, the rate of all
+    devices together."""
+
+    def __init__(self, tokens: int, flops: int | None, peak: float):
+        self.tokens, self.flops, self.peak = tokens, flops, peak
+        self.reset()
+
+    def reset(self):
+        self.start, self.steps = time.time(), 0
+
+    def row(self) -> dict:
+        if not self.steps:
+            return {}
+        sec = (time.time() - self.start) / self.steps
+        out = {"step_s": sec, "tok_s": self.tokens / sec}
+        if self.flops:
+            out["mfu"] = self.flops / sec / self.peak
+        return out

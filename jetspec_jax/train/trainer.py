@@ -14,9 +14,14 @@ KL then uses `eval_feature_dir` when given (else the online target), and tau alw
 real target. Heads: "jetspec" (causal block),
 "dflash" (bidirectional block, same architecture), "eagle" (`eagle.py`). `prefix_fill` > 0
 (block heads) gives that fraction of training blocks a true-token prefix (`prefix_fill.py`,
-for path-conditioned drafting); held-out KL always uses plain blocks. Writes under out_dir:
-  metrics.jsonl   {"step", "loss", "kl" [J], "acc" [J], "lr", "grad_norm", "time"} per log
-                  window; eval rows add {"eval": {"loss", "kl", "acc", "tau"}}
+for path-conditioned drafting); held-out KL always uses plain blocks. Without a checkpoint,
+`init_head` starts from a head's weights alone (its safetensors files, `io/shards.py`) with a
+fresh optimizer re-warmed at `start_step`: a long run cut into short calls that keep only the
+weights. `mesh="data=N"` splits the batch over N devices (`parallel.py`).
+Writes under out_dir:
+  metrics.jsonl   {"step", "loss", "kl" [J], "acc" [J], "lr", "grad_norm", "step_s", "tok_s",
+                  "mfu", "time"} per log window (`throughput.py`); eval rows add
+                  {"eval": {"loss", "kl", "acc", "tau"}}
   checkpoints/    the last `keep_ckpts` train states
   head/           the final head (`head_io.save_draft`; eagle: `eagle.save_eagle`)
 """
@@ -26,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 import time
 from pathlib import Path
 
@@ -34,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from jetspec_jax.decode.sampling import Sampler
@@ -48,7 +52,8 @@ from jetspec_jax.train.data import DatasetError, load_shards
 from jetspec_jax.train.features import load_features
 from jetspec_jax.train.loss import cached_teacher_outputs, head_loss, teacher_outputs
 from jetspec_jax.train.state import restore_state, save_state, state_dirs
-from jetspec_jax.train.throughput import step_flops
+from jetspec_jax.train.parallel import data_mesh, data_parallel, place
+from jetspec_jax.train.throughput import Throughput, step_flops
 
 HEADS = ("jetspec", "dflash", "eagle")
 
@@ -179,11 +184,12 @@ def make_optimizer(cfg: TrainConfig, offset: int = 0):
     it and re-warmed linearly over warmup_steps from there."""
     base = optax.warmup_cosine_decay_schedule(
         0.0, cfg.lr, min(cfg.warmup_steps, cfg.steps - 1), cfg.steps, end_value=0.1 * cfg.lr)
-    if offset:
-        ramp = lambda step: jnp.clip((step - offset + 1) / max(cfg.warmup_steps, 1), 0.0, 1.0)  # noqa: E731
-        schedule = lambda step: base(step) * ramp(step)  # noqa: E731
-    else:
-        schedule = base
+
+    def schedule(step):
+        if not offset:
+            return base(step)
+        return base(step) * jnp.clip((step - offset + 1) / max(cfg.warmup_steps, 1), 0.0, 1.0)
+
     decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)  # noqa: E731
     tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
                      optax.adamw(lambda count: schedule(count + offset),
@@ -219,31 +225,6 @@ def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: DraftConfig | eagle.Ea
         return {"loss": loss, **m}
 
     return train_step, eval_step
-
-
-def data_parallel(spec: str) -> int:
-    """"data=N" -> N; ValueError naming what is wrong."""
-    m = re.fullmatch(r"data=(\d+)", str(spec).replace(" ", ""))
-    if m is None or int(m.group(1)) < 1:
-        raise ValueError(f"bad training mesh {spec!r}: expected data=N, N >= 1 devices (the "
-                         "batch is split over them, the head replicated)")
-    return int(m.group(1))
-
-
-def data_mesh(spec: str) -> Mesh:
-    n, devices = data_parallel(spec), jax.devices()
-    if n > len(devices):
-        raise ValueError(f"mesh {spec!r} needs {n} devices, {len(devices)} "
-                         f"{jax.default_backend()} devices are present")
-    # Auto axes: jit propagates the placed inputs' shardings through the unchanged step.
-    return jax.make_mesh((n,), ("data",), (AxisType.Auto,), devices=devices[:n])
-
-
-def place(mesh: Mesh | None, tree, batch: bool = False):
-    """Puts a tree on the mesh: split on its first axis over "data" (batch) or replicated."""
-    if mesh is None:
-        return tree
-    return jax.device_put(tree, NamedSharding(mesh, P("data") if batch else P()))
 
 
 def _mean_metrics(rows: list[dict]) -> dict:
@@ -317,29 +298,6 @@ def fresh_params(cfg: TrainConfig, specs, tparams) -> dict:
     return dparams
 
 
-class Throughput:
-    """Steps timed between log points (the first step of a call, which compiles, is not)."""
-
-    def __init__(self, cfg: TrainConfig, tcfg, dcfg, seq_len: int, devices: int):
-        self.flops = None if cfg.head == "eagle" else step_flops(
-            tcfg, dcfg, batch=cfg.batch_size, seq_len=seq_len, anchors=cfg.num_anchors,
-            anchor_chunk=cfg.anchor_chunk, cached=bool(cfg.feature_dir))["step"]
-        self.tokens, self.peak = cfg.batch_size * seq_len, cfg.peak_flops * devices
-        self.reset()
-
-    def reset(self):
-        self.start, self.steps = time.time(), 0
-
-    def row(self) -> dict:
-        if not self.steps:
-            return {}
-        sec = (time.time() - self.start) / self.steps
-        out = {"step_s": sec, "tok_s": self.tokens / sec}
-        if self.flops:
-            out["mfu"] = self.flops / sec / self.peak
-        return out
-
-
 def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | None = None,
           time_limit: float | None = None, progress: bool = True) -> TrainResult:
     """Trains (or resumes training of) a head; `stop_after` ends the run early at that step,
@@ -389,8 +347,12 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
     dparams, opt_state, tparams = place(mesh, (dparams, opt_state, tparams))
     base_key = jax.random.key(cfg.seed + 1)
     start, window = time.time() - elapsed, []
-    speed = Throughput(cfg, tcfg, dcfg, data["tokens"].shape[1],
-                       data_parallel(cfg.mesh) if cfg.mesh else 1)
+    seq_len = data["tokens"].shape[1]
+    flops = None if cfg.head == "eagle" else step_flops(
+        tcfg, dcfg, batch=cfg.batch_size, seq_len=seq_len, anchors=cfg.num_anchors,
+        anchor_chunk=cfg.anchor_chunk, cached=bool(cfg.feature_dir))["step"]
+    speed = Throughput(cfg.batch_size * seq_len, flops,
+                       cfg.peak_flops * (data_parallel(cfg.mesh) if cfg.mesh else 1))
     bar = tqdm(total=cfg.steps, initial=step, desc="train head", disable=not progress)
     deadline, out_of_time = (time.time() + time_limit if time_limit else None), False
     first = True
