@@ -5,7 +5,7 @@
     params = unflatten(flat, draft_specs(DraftConfig.from_dict(config)), "head")
 
 A directory of `part-00001-of-00003.safetensors` files, each at most `max_bytes` long.
-Tensors are keyed by their tree path ("layers.0.q"); every file's header carries the same
+Tensors are keyed by their tree path ("layers.0.q"); every file's header holds the same
 JSON {"kind", "config", "metadata", "num_files"}, so the files alone (in any folder) make the
 whole tree. Written to a hidden sibling directory and renamed into place.
 """
@@ -49,14 +49,16 @@ def save_shards(path: str | Path, tree, config: dict, *, kind: str, metadata: di
     header = json.dumps({"kind": kind, "config": config, "metadata": metadata or {},
                          "num_files": 0})
     fixed = 2 * len(header) + 1024  # the file header: our JSON (escaped) and tensor index
-    groups, size = [[]], fixed
-    for k, x in flat.items():  # in tree order, a new file when the next tensor would not fit
-        need = x.nbytes + 128 + len(k)
-        if groups[-1] and size + need > max_bytes:
+    groups, sizes = [], []
+    # First fit, largest tensors first: few files (tensors are found by key, not by order).
+    for k in sorted(flat, key=lambda k: -flat[k].nbytes):
+        need = flat[k].nbytes + 128 + len(k)
+        i = next((i for i, n in enumerate(sizes) if n + need <= max_bytes), len(groups))
+        if i == len(groups):
             groups.append([])
-            size = fixed
-        groups[-1].append(k)
-        size += need
+            sizes.append(fixed)
+        groups[i].append(k)
+        sizes[i] += need
     too_big = [f"{k} ({x.nbytes} bytes)" for k, x in flat.items()
                if fixed + x.nbytes + 128 + len(k) > max_bytes]
     if too_big:
