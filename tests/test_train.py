@@ -37,6 +37,7 @@ class CharTokenizer:
         return [1] + [2 + ord(c) % 10 for c in messages[0]["content"]]
 
 
+TIMING = ("time", "step_s", "tok_s", "mfu")  # wall-clock fields of a metrics row
 DATA_KW = dict(shard_size=4, max_prompt_len=16, max_new=12, batch_size=4, sampler=Sampler(),
                seed=0, progress=False)
 PROMPTS = [f"prompt {i} " + "ab" * (i % 4) for i in range(10)]
@@ -189,7 +190,10 @@ def test_interrupted_run_resumes_exactly(tiny, dataset, tmp_path):
     resumed = train(cfg, tp, tcfg, progress=False)
     assert resumed.step == 12
     jax.tree.map(np.testing.assert_array_equal, resumed.dparams, whole.dparams)
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]  # noqa: E731
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
     assert strip(read_metrics(tmp_path / "b" / "metrics.jsonl")) == strip(
         read_metrics(tmp_path / "a" / "metrics.jsonl"))
     # A time limit stops after the step that passes it, checkpoints there and writes the head
@@ -383,3 +387,136 @@ def test_cached_teacher_training(tiny, dataset, tmp_path, monkeypatch):
     assert rows[-1]["loss"] < 0.6 * rows[0]["loss"]
     assert rows[-1]["acc"][0] > rows[0]["acc"][0]
     assert rows[-1]["eval"]["tau"] >= 1.0 and rows[-1]["eval"]["kl"][0] < rows[0]["kl"][0]
+
+
+# ---- training at scale: chunked anchors, head shards, resuming from weights --------------------
+
+
+def test_chunked_anchor_loss_equals_one_pass(tiny, dataset):
+    """Anchors in chunks of 2 (checkpointed lax.map) give the loss, metrics and gradients of
+    one pass over all 4, with prefix-filled blocks and a depth-1 weight."""
+    from jetspec_jax.train.loss import depth_weights, head_loss, teacher_outputs
+
+    tcfg, tp = tiny
+    dcfg = train_config(dataset, ".").draft_config(tcfg)
+    batch = {k: jnp.asarray(v[:4]) for k, v in D.load_shards(dataset / "train").items()}
+    dp = init_params(draft_specs(dcfg), jax.random.key(0))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def loss_grad(chunk):
+        def f(dp):
+            teach = teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
+            return head_loss(dp, dcfg, tp, tcfg, batch["tokens"], teach, 3.0,
+                             key=jax.random.key(2), prefix_fill=0.5, depth1_weight=2.0,
+                             anchor_chunk=chunk)
+        return jax.value_and_grad(f, has_aux=True)(dp)
+
+    (l1, m1), g1 = loss_grad(None)
+    (l2, m2), g2 = loss_grad(2)
+    np.testing.assert_allclose(l2, l1, rtol=1e-5)
+    for k in ("kl", "acc", "count"):
+        np.testing.assert_allclose(m2[k], m1[k], rtol=1e-5, atol=1e-7)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g2, g1)
+    assert float(l1) > 0 and np.asarray(depth_weights(3, 3.0, 2.0))[0] == 2.0
+    with pytest.raises(ValueError, match="anchor_chunk 3 must be >= 1 and divide num_anchors 4"):
+        train_config(dataset, ".", anchor_chunk=3)
+
+
+def test_head_shards_round_trip_and_fit_the_limit(tmp_path):
+    """A head as flat safetensors files: each within the limit, loaded back equal from the
+    folder or the files; a missing file is named. The 5-layer SmolLM2 head in bfloat16 takes
+    3 files of <= 15 MiB."""
+    from jetspec_jax.cli import main
+    from jetspec_jax.io.checkpoints import CheckpointError
+    from jetspec_jax.io.heads import load_any_draft, load_draft_shards, save_draft
+    from jetspec_jax.model import config
+
+    tcfg, _ = tiny_target("dense", seed=2, vocab=16)
+    dcfg, dp = tiny_head(tcfg)
+    save_draft(tmp_path / "orbax", dp, dcfg, metadata={"steps": 3})
+    assert main(["convert", "--head", str(tmp_path / "orbax"), str(tmp_path / "sh"),
+                 "--dtype", "float32", "--shard-mib", str(40_000 / 2**20)]) == 0
+    files = sorted((tmp_path / "sh").iterdir())
+    assert len(files) > 2 and all(f.stat().st_size <= 40_000 for f in files)
+    for got_cfg, got in (load_any_draft(tmp_path / "sh"), load_draft_shards(files)[:2]):
+        assert got_cfg == dcfg
+        jax.tree.map(np.testing.assert_array_equal, got, dp)
+    assert load_draft_shards(files)[2]["steps"] == 3
+    with pytest.raises(CheckpointError, match=f"has {len(files)} files, {len(files) - 1} are"):
+        load_draft_shards(files[1:])
+
+    big = draft_head.draft_config_for(config.smollm2_135m(), num_layers=5)
+    zeros = jax.tree.map(lambda s: np.zeros(s.shape, jnp.bfloat16), draft_specs(big),
+                         is_leaf=lambda x: hasattr(x, "shape"))
+    out = save_draft(tmp_path / "big", zeros, big, max_bytes=15 * 2**20)
+    sizes = [f.stat().st_size for f in out.iterdir()]
+    assert len(sizes) == 3 and max(sizes) <= 15 * 2**20 and sum(sizes) < 50e6
+
+
+def test_init_head_continues_a_run_with_a_fresh_optimizer(tiny, dataset, tmp_path):
+    """A run restarted from its step-10 weights alone (bfloat16 shards), a fresh optimizer
+    re-warmed over 3 steps: the step count, schedule and data order continue, and its loss
+    ends near the uninterrupted run's, far below a fresh head's."""
+    from jetspec_jax.io.heads import save_draft
+    from jetspec_jax.train.state import restore_state
+    from jetspec_jax.train.trainer import make_optimizer
+
+    tcfg, tp = tiny
+    cfg = train_config(dataset, tmp_path / "whole", steps=20, tau_prompts=0, keep_ckpts=2)
+    whole = train(cfg, tp, tcfg, progress=False)
+    state, _ = restore_state(tmp_path / "whole" / "checkpoints" / "step_00000010",
+                             {"params": whole.dparams, "opt_state": make_optimizer(cfg)[0].init(
+                                 whole.dparams)})
+    save_draft(tmp_path / "w10", state["params"], whole.dcfg, max_bytes=40_000,
+               dtype=jnp.bfloat16)
+    files = tuple(str(f) for f in sorted((tmp_path / "w10").iterdir()))
+    again = dataclasses.replace(cfg, out_dir=str(tmp_path / "again"), init_head=files,
+                                start_step=10)
+    assert train(again, tp, tcfg, progress=False).step == 20
+    a, b = (read_metrics(tmp_path / d / "metrics.jsonl") for d in ("whole", "again"))
+    assert [r["step"] for r in b] == [15, 20]
+    assert b[-1]["loss"] < 1.3 * a[-1]["loss"] and b[0]["loss"] < 0.7 * a[0]["loss"]
+    assert all(r["tok_s"] > 0 and 0 < r["mfu"] < 1 for r in a[1:])
+    _, schedule = make_optimizer(again, 10)  # re-warmed from step 10: 1/3 of the rate at 10
+    np.testing.assert_allclose(schedule(10), make_optimizer(cfg)[1](10) / 3, rtol=1e-6)
+    with pytest.raises(ValueError, match="start_step continues a run"):
+        dataclasses.replace(cfg, start_step=5)
+
+
+def test_final_norm_from_the_target(tiny, dataset):
+    from jetspec_jax.train.trainer import fresh_params
+
+    tcfg, tp = tiny
+    cfg = train_config(dataset, ".", norm_from_target=True)
+    tp = {**tp, "final_norm": tp["final_norm"] * 1.5}  # not the head's ones
+    specs = draft_specs(cfg.draft_config(tcfg))
+    np.testing.assert_array_equal(fresh_params(cfg, specs, tp)["norm"], tp["final_norm"])
+    plain = fresh_params(dataclasses.replace(cfg, norm_from_target=False), specs, tp)
+    np.testing.assert_array_equal(plain["norm"], 1.0)
+
+
+def test_step_flops_match_the_compiled_forwards():
+    """The logged model FLOPs (`throughput.step_flops`) agree with XLA's count of the jitted
+    head and target forwards to within their elementwise work (a few per cent)."""
+    from jetspec_jax.train.head_forward import target_logits_at
+    from jetspec_jax.train.throughput import step_flops
+
+    tcfg, tp = tiny_target("dense", seed=0, vocab=256)
+    dcfg, dp = tiny_head(tcfg, block_size=4, num_layers=2)
+    b, t, a = 2, 32, 4
+    tokens = jnp.zeros((b, t), jnp.int32)
+    anchors = jnp.tile(jnp.arange(a, dtype=jnp.int32)[None], (b, 1))
+    taps = jnp.zeros((b, t, 2 * tcfg.hidden_size))
+    pos = jnp.zeros((b, a, 3), jnp.int32)
+
+    def xla_flops(fn, *args):
+        cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+        return (cost[0] if isinstance(cost, list) else cost)["flops"]
+
+    head = xla_flops(lambda dp: head_logits(dp, dcfg, tp, tcfg, taps, tokens, anchors), dp)
+    teacher = xla_flops(lambda tp: target_logits_at(
+        tp, tcfg, target_pass(tp, tcfg, tokens, dcfg.tap_layers)[0], pos), tp)
+    got = step_flops(tcfg, dcfg, batch=b, seq_len=t, anchors=a)
+    assert 0.9 * head < got["head"] <= head and 0.9 * teacher < got["target"] <= teacher
+    assert got["step"] == got["target"] + 3 * got["head"]
+    assert step_flops(tcfg, dcfg, batch=b, seq_len=t, anchors=a, cached=True)["target"] == 0

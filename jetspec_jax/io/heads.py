@@ -20,7 +20,9 @@ Two formats:
   missing `causal_head` means a bidirectional block (the DFlash baseline).
 
 * Ours: `checkpoint.save_tree` with kind "draft_head" and `DraftConfig.to_dict()` as the
-  config, params laid out as `draft_head.draft_specs`.
+  config, params laid out as `draft_head.draft_specs`; or the same tree and config as a few
+  flat safetensors files of bounded size (`shards.py`: `save_draft(..., max_bytes=...)`),
+  for a head that must travel as small files.
 
     dcfg, params = load_any_draft("path/to/head", dtype=jnp.bfloat16, target=tcfg)
     save_draft("checkpoints/head", params, dcfg)
@@ -43,6 +45,7 @@ from jetspec_jax.io.checkpoints import (CheckpointError, carried_metadata, load_
 from jetspec_jax.draft.head import DraftConfig, default_tap_layers, draft_specs
 from jetspec_jax.io.convert import hf
 from jetspec_jax.io.convert.common import ConversionError, Rule, convert_tensors
+from jetspec_jax.io.shards import is_shard_export, read_shards, save_shards, unflatten
 from jetspec_jax.model.config import ConfigError, ModelConfig, from_hf_config
 from jetspec_jax.model.params import check_params
 
@@ -53,8 +56,9 @@ __all__ = [
 ]
 
 KIND = "draft_head"
-_ACCEPTED = ("a jetspec_jax draft-head checkpoint (save_draft) or a reference draft-head "
-             "directory (config.json with dflash_config + model.safetensors)")
+_ACCEPTED = ("a jetspec_jax draft-head checkpoint (save_draft: a directory, or its safetensors "
+             "files) or a reference draft-head directory (config.json with dflash_config + "
+             "model.safetensors)")
 
 # --- reference tensors -> our leaves -------------------------------------------------------
 # `convert_tensors` builds trees shaped like `params.target_specs`, so the head is converted
@@ -269,11 +273,32 @@ def _problem_lines(error: ConversionError, names: dict[str, str]) -> list[str]:
 # --- our format ------------------------------------------------------------------------------
 
 def save_draft(path: str | Path, params, dcfg: DraftConfig, *,
-               metadata: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
-    """Writes our draft-head checkpoint; nothing is left at path unless it all succeeds."""
+               metadata: dict[str, Any] | None = None, overwrite: bool = False,
+               max_bytes: int | None = None, dtype=None) -> Path:
+    """Writes our draft-head checkpoint; nothing is left at path unless it all succeeds.
+    max_bytes: as flat safetensors files of at most that size (`shards.py`) instead of orbax.
+    dtype: cast the arrays first (e.g. bfloat16 to ship a head trained in float32)."""
     check_params(params, draft_specs(dcfg), "draft-head params to save")
+    if dtype is not None:
+        params = jax.tree.map(lambda x: x.astype(dtype), params)
+    if max_bytes is not None:
+        return save_shards(path, params, dcfg.to_dict(), kind=KIND, metadata=metadata,
+                           max_bytes=max_bytes, overwrite=overwrite)
     return save_tree(path, params, dcfg.to_dict(), kind=KIND, metadata=metadata,
                      overwrite=overwrite)
+
+
+def load_draft_shards(paths, *, dtype=None) -> tuple[DraftConfig, dict, dict]:
+    """A `save_draft(max_bytes=...)` export (its directory or its files) -> (DraftConfig,
+    params, metadata)."""
+    kind, config, flat, meta = read_shards(paths)
+    if kind != KIND:
+        raise CheckpointError(f"{paths} hold a {kind!r} head, not a {KIND!r}")
+    try:
+        dcfg = DraftConfig.from_dict(config)
+    except (ConfigError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{paths}: not a valid draft-head config: {e!r}") from e
+    return dcfg, unflatten(flat, draft_specs(dcfg), f"draft head {paths}", dtype), meta
 
 
 def load_draft(path: str | Path, *, dtype=None) -> tuple[DraftConfig, dict]:
@@ -305,6 +330,8 @@ def load_any_draft(path: str | Path, *, dtype=None, target: ModelConfig | None =
     root = path if path.is_dir() else path.parent
     if (root / "metadata.json").exists():
         dcfg, params = load_draft(root, dtype=dtype)
+    elif is_shard_export(path):
+        dcfg, params, _ = load_draft_shards(path, dtype=dtype)
     elif (root / "config.json").exists():
         dcfg, params = load_reference_head(root, dtype=dtype, progress=progress)
     else:
@@ -315,15 +342,18 @@ def load_any_draft(path: str | Path, *, dtype=None, target: ModelConfig | None =
 
 
 def convert_head(src: str | Path, dst: str | Path, *, dtype=None, overwrite: bool = False,
-                 progress: bool = False, metadata: dict[str, Any] | None = None) -> Path:
+                 progress: bool = False, metadata: dict[str, Any] | None = None,
+                 max_bytes: int | None = None) -> Path:
     """A reference head directory or one of ours (e.g. a trained head in float32, to ship in
     bfloat16) -> our checkpoint at dst (written atomically). Our own head's metadata (its
     training settings) is kept; `metadata` adds to it."""
     dcfg, params = load_any_draft(src, dtype=dtype, progress=progress)
     root = Path(src) if Path(src).is_dir() else Path(src).parent
     kept = carried_metadata(root, KIND) if (root / "metadata.json").exists() else {}
+    if is_shard_export(src):
+        kept = read_shards(src)[3]
     return save_draft(dst, params, dcfg, metadata={**kept, "source": str(src), **(metadata or {})},
-                      overwrite=overwrite)
+                      overwrite=overwrite, max_bytes=max_bytes)
 
 
 def check_head_fits(dcfg: DraftConfig, tcfg: ModelConfig) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 from typing import Any
 
 import flax.struct
@@ -33,7 +34,8 @@ from jetspec_jax.decode.speculative import SpecStats
 from jetspec_jax.decode.tree import DraftTree, ancestor_matrix
 from jetspec_jax.decode.verify import accept, commit, verify_tree
 from jetspec_jax.draft import head as draft_head
-from jetspec_jax.io.checkpoints import carried_metadata, load_tree, save_tree
+from jetspec_jax.io.checkpoints import CheckpointError, carried_metadata, load_tree, save_tree
+from jetspec_jax.io.shards import is_shard_export, read_shards, save_shards, unflatten
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache, write_slots
 from jetspec_jax.model.config import ModelConfig
@@ -68,29 +70,42 @@ def eagle_config_for(tcfg: ModelConfig, *, num_taps: int = 3, depth: int = 6) ->
                        num_target_layers=tcfg.num_layers)
 
 
-def save_eagle(path, eparams, ecfg: EagleConfig, *, metadata=None, overwrite=False):
+def save_eagle(path, eparams, ecfg: EagleConfig, *, metadata=None, overwrite=False,
+               max_bytes=None):
+    """max_bytes: as flat safetensors files of at most that size (`io/shards.py`)."""
     check_params(eparams, eagle_specs(ecfg), "EAGLE head params to save")
+    if max_bytes is not None:
+        return save_shards(path, eparams, ecfg.to_dict(), kind=KIND, metadata=metadata,
+                           max_bytes=max_bytes, overwrite=overwrite)
     return save_tree(path, eparams, ecfg.to_dict(), kind=KIND, metadata=metadata,
                      overwrite=overwrite)
 
 
 def load_eagle(path) -> tuple[EagleConfig, dict]:
-    """-> (ecfg, eparams) of a `save_eagle` checkpoint."""
+    """-> (ecfg, eparams) of a `save_eagle` checkpoint (a directory, or its shard files)."""
+    if not isinstance(path, (str, Path)) or (is_shard_export(path)
+                                             and not (Path(path) / "metadata.json").exists()):
+        kind, config, flat, _ = read_shards(path)
+        if kind != KIND:
+            raise CheckpointError(f"{path} holds a {kind!r} head, not an {KIND!r}")
+        ecfg = EagleConfig.from_dict(config)
+        return ecfg, unflatten(flat, eagle_specs(ecfg), f"EAGLE head {path}")
     eparams, config, _ = load_tree(path, kind=KIND)
     ecfg = EagleConfig.from_dict(config)
     check_params(eparams, eagle_specs(ecfg), f"EAGLE head {path}")
     return ecfg, eparams
 
 
-def convert_eagle(src, dst, *, dtype=None, overwrite=False):
+def convert_eagle(src, dst, *, dtype=None, overwrite=False, max_bytes=None):
     """A `save_eagle` checkpoint cast to dtype (e.g. float32 -> bfloat16 to ship) at dst; its
     metadata (training settings) is kept."""
     ecfg, eparams = load_eagle(src)
     if dtype is not None:
         eparams = jax.tree.map(lambda a: a.astype(dtype), eparams)
-    return save_eagle(dst, eparams, ecfg,
-                      metadata={**carried_metadata(src, KIND), "source": str(src)},
-                      overwrite=overwrite)
+    kept = (read_shards(src)[3] if not (Path(src) / "metadata.json").exists()
+            else carried_metadata(src, KIND))
+    return save_eagle(dst, eparams, ecfg, metadata={**kept, "source": str(src)},
+                      overwrite=overwrite, max_bytes=max_bytes)
 
 
 def eagle_specs(ecfg: EagleConfig) -> dict:

@@ -77,22 +77,30 @@ def dense_attention(q, k, v, visible):
     return out.reshape(b, nq, n, h).astype(q.dtype)
 
 
+def head_context(dparams, dcfg: DraftConfig, taps):
+    """Context K/V of all T positions of taps [B, T, k*D] for every draft layer (a KVCache
+    filled by `draft_head.extend_context`, so it is the inference code)."""
+    b, t = taps.shape[:2]
+    return draft_head.extend_context(
+        dparams, dcfg, draft_head.allocate_cache(dcfg, b, t, dparams["fc"].dtype), taps,
+        jnp.full((b,), t, jnp.int32))
+
+
 def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, tokens, anchors,
-                fill=None):
+                fill=None, *, ctx=None):
     """Draft logits [B, A, blk-1, V] (float32) of the blocks anchored at anchors [B, A].
 
     taps [B, T, k*D] are the target's tapped features of tokens [B, T]; slot d of the block
     at anchor a drafts the token at position a + d, exactly as `draft_block` would after
     `extend_context` with the taps of positions 0..a-1. fill [B, A] (optional): the first
     fill[b, a] MASK slots of each block hold the true tokens instead (`prefix_fill.py`; pair
-    the logits with `prefix_fill.supervised` in the loss mask)."""
+    the logits with `prefix_fill.supervised` in the loss mask). ctx: `head_context(taps)`,
+    when already made (chunks of anchors share it)."""
     cfg = dcfg.layers
     b, t = tokens.shape
     a = anchors.shape[1]
     blk = dcfg.block_size
-    ctx = draft_head.extend_context(  # context K/V of all T positions, every draft layer
-        dparams, dcfg, draft_head.allocate_cache(dcfg, b, t, dparams["fc"].dtype), taps,
-        jnp.full((b,), t, jnp.int32))
+    ctx = head_context(dparams, dcfg, taps) if ctx is None else ctx
     if fill is None:
         anchor_tok = jnp.take_along_axis(tokens, anchors, axis=1)  # [B, A]
         x = draft_head.block_inputs(dparams, dcfg, tparams, anchor_tok.reshape(b * a))

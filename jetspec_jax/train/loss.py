@@ -10,6 +10,9 @@ the KL is sum_k p_k (log p_k - log q_k) with the head's full log-softmax q. The 
 baseline (`eagle.py`) is trained the same way on its unrolled chain of D depths. With
 `prefix_fill` some blocks hold true tokens in their first slots (`prefix_fill.py`), as the
 path-conditioned drafting pass shows them; those slots are not supervised.
+The anchors run in chunks (`map_anchor_chunks`): the head's and the teacher's logits of one
+chunk, [B, chunk, blk-1, V] in float32, are all a step holds at a time, so recipe-sized anchor
+counts (256-512 per sequence) fit; the result equals one pass over all anchors.
 
 Mask token: a head either owns a learned `mask_embed` (`DraftConfig.mask_token_id=None`) or
 uses the target's embedding of a reserved id. We recommend the learned embedding for new
@@ -27,48 +30,83 @@ import jax.numpy as jnp
 from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.train.eagle import EagleConfig, eagle_logits
-from jetspec_jax.train.head_forward import (head_logits, sample_anchors, target_logits_at,
-                                            target_pass)
+from jetspec_jax.train.head_forward import (head_context, head_logits, sample_anchors,
+                                            target_logits_at, target_pass)
 from jetspec_jax.train.prefix_fill import sample_fill, supervised
 
 
-def depth_weights(depth: int, gamma: float | None):
-    """[depth] weights exp(-(d-1)/gamma) for d = 1..depth (all ones when gamma is None)."""
+def depth_weights(depth: int, gamma: float | None, depth1_weight: float | None = None):
+    """[depth] weights exp(-(d-1)/gamma) for d = 1..depth (all ones when gamma is None);
+    depth1_weight, when given, replaces depth 1's weight (its share of the loss is then
+    depth1_weight / sum of the weights)."""
     if gamma is None:
-        return jnp.ones((depth,), jnp.float32)
-    return jnp.exp(-jnp.arange(depth, dtype=jnp.float32) / gamma)
+        w = jnp.ones((depth,), jnp.float32)
+    else:
+        w = jnp.exp(-jnp.arange(depth, dtype=jnp.float32) / gamma)
+    return w if depth1_weight is None else w.at[0].set(depth1_weight)
 
 
-def _reduce(kl, hit, valid, gamma):
-    """Per-slot kl, hit [B, A, J]; valid [B, A, J] -> (depth-weighted mean KL, metrics)."""
+def _reduce(kl, hit, valid, weights):
+    """Per-slot kl, hit [B, A, J]; valid [B, A, J]; weights [J] -> (weighted mean KL,
+    metrics)."""
     m = valid.astype(jnp.float32)
-    w = depth_weights(kl.shape[2], gamma) * m
+    w = weights * m
     count = jnp.sum(m, axis=(0, 1))  # [J]
     per_depth = lambda x: jnp.sum(x * m, axis=(0, 1)) / jnp.maximum(count, 1)  # noqa: E731
     loss = jnp.sum(w * kl) / jnp.maximum(jnp.sum(w), 1e-6)
     return loss, {"kl": per_depth(kl), "acc": per_depth(hit), "count": count}
 
 
-def distill_loss(head, teacher, valid, gamma: float | None = None):
-    """head, teacher: logits [B, A, J, V]; valid [B, A, J]. -> (weighted mean KL, metrics):
-    per-depth KL and accuracy (head argmax == target argmax) over valid slots."""
+def slot_kl(head, teacher):
+    """head, teacher: logits [..., V] -> per-slot KL(teacher || head) and argmax hit [...]."""
     logp = jax.nn.log_softmax(teacher.astype(jnp.float32), axis=-1)
     logq = jax.nn.log_softmax(head.astype(jnp.float32), axis=-1)
-    kl = jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1)  # [B, A, J]
-    hit = jnp.argmax(head, axis=-1) == jnp.argmax(teacher, axis=-1)
-    return _reduce(kl, hit, valid, gamma)
+    kl = jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1)
+    return kl, jnp.argmax(head, axis=-1) == jnp.argmax(teacher, axis=-1)
 
 
-def topk_distill_loss(head, top_logp, top_ids, valid, gamma: float | None = None):
-    """As `distill_loss` with a cached top-K teacher: top_logp, top_ids [B, A, J, K] (most
-    likely first). The teacher is renormalised over its K tokens, p_k; the head keeps its full
-    log-softmax q: KL = sum_k p_k (log p_k - log q_k); accuracy is head argmax == top-1 id."""
+def slot_topk_kl(head, top_logp, top_ids):
+    """As `slot_kl` with a top-K teacher top_logp, top_ids [..., K] (most likely first),
+    renormalised over its K tokens p_k against the head's full log-softmax q:
+    KL = sum_k p_k (log p_k - log q_k); hit is head argmax == top-1 id."""
     logp = jax.nn.log_softmax(top_logp.astype(jnp.float32), axis=-1)
     logq = jax.nn.log_softmax(head.astype(jnp.float32), axis=-1)
     logq_k = jnp.take_along_axis(logq, top_ids, axis=-1)
     kl = jnp.sum(jnp.exp(logp) * (logp - logq_k), axis=-1)
-    hit = jnp.argmax(head, axis=-1) == top_ids[..., 0]
-    return _reduce(kl, hit, valid, gamma)
+    return kl, jnp.argmax(head, axis=-1) == top_ids[..., 0]
+
+
+def distill_loss(head, teacher, valid, gamma: float | None = None):
+    """head, teacher: logits [B, A, J, V]; valid [B, A, J]. -> (weighted mean KL, metrics):
+    per-depth KL and accuracy (head argmax == target argmax) over valid slots."""
+    return _reduce(*slot_kl(head, teacher), valid, depth_weights(head.shape[2], gamma))
+
+
+def topk_distill_loss(head, top_logp, top_ids, valid, gamma: float | None = None):
+    """As `distill_loss` with a cached top-K teacher: top_logp, top_ids [B, A, J, K]."""
+    return _reduce(*slot_topk_kl(head, top_logp, top_ids), valid,
+                   depth_weights(head.shape[2], gamma))
+
+
+def map_anchor_chunks(fn, chunk: int | None, *xs):
+    """fn over anchors in chunks: xs are [B, A, ...] arrays, fn(*pieces [B, C, ...]) returns
+    [B, C, ...] arrays. With A > chunk the chunks run one after another (lax.map) under
+    jax.checkpoint, so the step holds one chunk's logits at a time, forward and backward
+    (the backward recomputes each chunk); the blocks of different anchors never see each
+    other, so the result equals one pass over all anchors."""
+    a = xs[0].shape[1]
+    if chunk is None or chunk >= a:
+        return fn(*xs)
+    if a % chunk:
+        raise ValueError(f"anchor chunk {chunk} must divide the {a} anchors per sequence")
+    n = a // chunk
+
+    def split(x):  # [B, A, ...] -> [n, B, chunk, ...]
+        return jnp.moveaxis(x.reshape(x.shape[0], n, chunk, *x.shape[2:]), 1, 0)
+
+    out = jax.lax.map(lambda p: jax.checkpoint(fn)(*p), tuple(split(x) for x in xs))
+    return jax.tree.map(lambda y: jnp.moveaxis(y, 0, 1).reshape(y.shape[1], a, *y.shape[3:]),
+                        out)
 
 
 def _anchor_slots(key, batch, num_anchors: int, depth: int):
@@ -87,12 +125,13 @@ def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig,
     """The frozen target's part of a training step (no gradient flows into it), run online.
 
     batch: {"tokens" [B, T], "lengths" [B], "prompt_lengths" [B]}. -> dict with taps
-    [B, T, k*D], anchors [B, A], teacher logits [B, A, blk-1, V] and valid [B, A, blk-1]."""
+    [B, T, k*D], the final hidden states [B, T, D], anchors [B, A], the teacher positions of
+    their slots pos [B, A, blk-1] and valid [B, A, blk-1]. The teacher logits are taken at pos
+    per anchor chunk in `head_loss` ([B, A, blk-1, V] at once would dwarf the rest)."""
     hidden, taps = target_pass(tparams, tcfg, batch["tokens"], dcfg.tap_layers)
     anchors, pos, valid = _anchor_slots(key, batch, num_anchors, dcfg.depth)
-    teacher = target_logits_at(tparams, tcfg, hidden, pos)
-    return jax.lax.stop_gradient({"taps": taps, "anchors": anchors, "teacher": teacher,
-                                  "valid": valid})
+    return jax.lax.stop_gradient({"taps": taps, "hidden": hidden, "anchors": anchors,
+                                  "pos": pos, "valid": valid})
 
 
 def cached_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig, batch,
@@ -111,25 +150,37 @@ def cached_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | Eagle
 
 
 def head_loss(dparams, dcfg: DraftConfig | EagleConfig, tparams, tcfg: ModelConfig, tokens,
-              teach, gamma: float | None = None, *, key=None, prefix_fill: float = 0.0):
+              teach, gamma: float | None = None, *, key=None, prefix_fill: float = 0.0,
+              depth1_weight: float | None = None, anchor_chunk: int | None = None):
     """Loss and metrics of the head (parallel block or EAGLE chain) on the anchors chosen in
     `teacher_outputs` (full teacher logits) or `cached_teacher_outputs` (top-K).
 
     prefix_fill > 0 (block heads only): each block gets, with that probability, a prefix of
-    true tokens drawn with key (`prefix_fill.py`); its filled slots leave the loss."""
+    true tokens drawn with key (`prefix_fill.py`); its filled slots leave the loss.
+    anchor_chunk: anchors per chunk (`map_anchor_chunks`; must divide A); None: all at once."""
     anchors, valid = teach["anchors"], teach["valid"]
+    fill = jnp.zeros(anchors.shape, jnp.int32)
     if isinstance(dcfg, EagleConfig):
         if prefix_fill > 0:
             raise ValueError("prefix_fill applies to block heads, not the EAGLE chain")
-        head = eagle_logits(dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anchors)
+        logits = lambda anc, _: eagle_logits(  # noqa: E731
+            dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anc)
     else:
-        fill = None
         if prefix_fill > 0:
             if key is None:
                 raise ValueError("prefix_fill > 0 needs a key to draw the fill")
             fill = sample_fill(key, anchors.shape, dcfg.block_size, prefix_fill)
             valid = valid & supervised(fill, dcfg.depth)
-        head = head_logits(dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anchors, fill)
-    if "teacher" in teach:
-        return distill_loss(head, teach["teacher"], valid, gamma)
-    return topk_distill_loss(head, teach["top_logp"], teach["top_ids"], valid, gamma)
+        ctx = head_context(dparams, dcfg, teach["taps"])  # shared by every chunk
+        logits = lambda anc, fl: head_logits(  # noqa: E731
+            dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anc,
+            fl if prefix_fill > 0 else None, ctx=ctx)
+    if "hidden" in teach:
+        fn = lambda anc, fl, pos: slot_kl(  # noqa: E731
+            logits(anc, fl), target_logits_at(tparams, tcfg, teach["hidden"], pos))
+        kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, fill, teach["pos"])
+    else:
+        fn = lambda anc, fl, lp, ids: slot_topk_kl(logits(anc, fl), lp, ids)  # noqa: E731
+        kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, fill, teach["top_logp"],
+                                    teach["top_ids"])
+    return _reduce(kl, hit, valid, depth_weights(kl.shape[2], gamma, depth1_weight))

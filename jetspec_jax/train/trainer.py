@@ -14,9 +14,14 @@ KL then uses `eval_feature_dir` when given (else the online target), and tau alw
 real target. Heads: "jetspec" (causal block),
 "dflash" (bidirectional block, same architecture), "eagle" (`eagle.py`). `prefix_fill` > 0
 (block heads) gives that fraction of training blocks a true-token prefix (`prefix_fill.py`,
-for path-conditioned drafting); held-out KL always uses plain blocks. Writes under out_dir:
-  metrics.jsonl   {"step", "loss", "kl" [J], "acc" [J], "lr", "grad_norm", "time"} per log
-                  window; eval rows add {"eval": {"loss", "kl", "acc", "tau"}}
+for path-conditioned drafting); held-out KL always uses plain blocks. Without a checkpoint,
+`init_head` starts from a head's weights alone (its safetensors files, `io/shards.py`) with a
+fresh optimizer re-warmed at `start_step`: a long run cut into short calls that keep only the
+weights. `mesh="data=N"` splits the batch over N devices (`parallel.py`).
+Writes under out_dir:
+  metrics.jsonl   {"step", "loss", "kl" [J], "acc" [J], "lr", "grad_norm", "step_s", "tok_s",
+                  "mfu", "time"} per log window (`throughput.py`); eval rows add
+                  {"eval": {"loss", "kl", "acc", "tau"}}
   checkpoints/    the last `keep_ckpts` train states
   head/           the final head (`head_io.save_draft`; eagle: `eagle.save_eagle`)
 """
@@ -33,19 +38,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
 from jetspec_jax.draft.head import DraftConfig, draft_config_for, draft_specs
-from jetspec_jax.io.heads import save_draft
+from jetspec_jax.io.heads import load_any_draft, load_draft_shards, save_draft
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.model.params import init_params
+from jetspec_jax.model.params import check_params, init_params
 from jetspec_jax.train import eagle
 from jetspec_jax.train.data import DatasetError, load_shards
 from jetspec_jax.train.features import load_features
 from jetspec_jax.train.loss import cached_teacher_outputs, head_loss, teacher_outputs
 from jetspec_jax.train.state import restore_state, save_state, state_dirs
+from jetspec_jax.train.parallel import data_mesh, data_parallel, place
+from jetspec_jax.train.throughput import Throughput, step_flops
 
 HEADS = ("jetspec", "dflash", "eagle")
 
@@ -71,8 +79,17 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     gamma: float | None = 7.0
+    depth1_weight: float | None = None  # replaces depth 1's weight exp(0) = 1 (`loss.py`)
+    norm_from_target: bool = False  # a fresh head's final norm starts as the target's
     prefix_fill: float = 0.0  # probability that a block gets a true-token prefix (block heads)
+    anchor_chunk: int | None = 32  # anchors per chunk of the loss (memory; must divide A)
     seed: int = 0
+    # resuming from a head's weights alone (no checkpoint in out_dir): a fresh optimizer,
+    # re-warmed over warmup_steps, the schedule and the data order continued at start_step
+    init_head: tuple[str, ...] | None = None  # a head directory, or its safetensors files
+    start_step: int = 0
+    mesh: str | None = None  # "data=N": batch split over N devices, params replicated
+    peak_flops: float = 790e12  # per device, for the logged model-FLOP utilisation
     # bookkeeping
     log_every: int = 10
     ckpt_every: int = 200
@@ -91,6 +108,19 @@ class TrainConfig:
                      "keep_ckpts", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.start_step < self.steps:
+            raise ValueError(f"start_step must be in [0, steps={self.steps}), got "
+                             f"{self.start_step}")
+        if self.start_step and not self.init_head:
+            raise ValueError("start_step continues a run from a head's weights: give init_head")
+        if self.anchor_chunk is not None and (
+                self.anchor_chunk < 1 or (self.num_anchors > self.anchor_chunk
+                                          and self.num_anchors % self.anchor_chunk)):
+            raise ValueError(f"anchor_chunk {self.anchor_chunk} must be >= 1 and divide "
+                             f"num_anchors {self.num_anchors}")
+        if self.mesh is not None and self.batch_size % data_parallel(self.mesh):
+            raise ValueError(f"batch_size {self.batch_size} must be a multiple of the "
+                             f"{data_parallel(self.mesh)} devices of mesh {self.mesh!r}")
         if self.eval_feature_dir and not (self.feature_dir and self.eval_dir):
             raise ValueError("eval_feature_dir needs feature_dir and eval_dir")
         if not 0.0 <= self.prefix_fill <= 1.0:
@@ -148,25 +178,38 @@ class BatchSampler:
         self.pos = state["pos"]
 
 
-def make_optimizer(cfg: TrainConfig):
-    schedule = optax.warmup_cosine_decay_schedule(
+def make_optimizer(cfg: TrainConfig, offset: int = 0):
+    """AdamW over a warm-up + cosine schedule of the global step. offset > 0: the optimizer
+    starts fresh at global step `offset` (its own count at 0), so the schedule is shifted by
+    it and re-warmed linearly over warmup_steps from there."""
+    base = optax.warmup_cosine_decay_schedule(
         0.0, cfg.lr, min(cfg.warmup_steps, cfg.steps - 1), cfg.steps, end_value=0.1 * cfg.lr)
+
+    def schedule(step):
+        if not offset:
+            return base(step)
+        return base(step) * jnp.clip((step - offset + 1) / max(cfg.warmup_steps, 1), 0.0, 1.0)
+
     decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)  # noqa: E731
     tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
-                     optax.adamw(schedule, weight_decay=cfg.weight_decay, mask=decay_mask))
+                     optax.adamw(lambda count: schedule(count + offset),
+                                 weight_decay=cfg.weight_decay, mask=decay_mask))
     return tx, schedule
 
 
 def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: DraftConfig | eagle.EagleConfig, tx,
                cached: bool = False):
     """Jitted (train_step, eval_step); only dparams is differentiated. cached: batches carry
-    cached taps and top-K teacher (`features.load_features`) and the target is not run."""
+    cached taps and top-K teacher (`features.load_features`) and the target is not run.
+    On a data mesh the inputs arrive placed (`place`) and jit partitions the step: the batch
+    over "data", the gradients reduced across it, params and optimizer state replicated."""
     teacher = cached_teacher_outputs if cached else teacher_outputs
 
     def loss_and_metrics(dparams, tparams, batch, key, prefix_fill=0.0):
         teach = teacher(tparams, tcfg, dcfg, batch, key, cfg.num_anchors)
         return head_loss(dparams, dcfg, tparams, tcfg, batch["tokens"], teach, cfg.gamma,
-                         key=jax.random.fold_in(key, 1), prefix_fill=prefix_fill)
+                         key=jax.random.fold_in(key, 1), prefix_fill=prefix_fill,
+                         depth1_weight=cfg.depth1_weight, anchor_chunk=cfg.anchor_chunk)
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def train_step(dparams, opt_state, tparams, batch, key):
@@ -194,16 +237,21 @@ def _mean_metrics(rows: list[dict]) -> dict:
     return {**out, "kl": per_depth("kl"), "acc": per_depth("acc")}
 
 
-def evaluate(cfg: TrainConfig, tcfg, dcfg, eval_step, dparams, tparams, data) -> dict:
-    """Held-out KL / accuracy on fixed batches and anchors, and greedy SD's tau."""
+def evaluate(cfg: TrainConfig, tcfg, dcfg, eval_step, dparams, tparams, data,
+             mesh: Mesh | None = None, single_tparams=None) -> dict:
+    """Held-out KL / accuracy on fixed batches and anchors, and greedy SD's tau (on one
+    device: single_tparams is the target there when the step runs on a mesh)."""
     n = len(data["lengths"])
     rows = []
     for i in range(cfg.eval_batches):
         idx = np.arange(i * cfg.batch_size, (i + 1) * cfg.batch_size) % n
-        batch = {k: jnp.asarray(v[idx]) for k, v in data.items()}
+        batch = place(mesh, {k: jnp.asarray(v[idx]) for k, v in data.items()}, batch=True)
         rows.append(eval_step(dparams, tparams, batch, jax.random.key(i)))
     out = _mean_metrics(rows)
     if cfg.tau_prompts:
+        if mesh is not None:
+            dparams = jax.device_put(dparams, jax.devices()[0])
+            tparams = single_tparams
         out["tau"] = mean_accepted_length(cfg, tcfg, dcfg, dparams, tparams, data)
     return out
 
@@ -227,15 +275,42 @@ def mean_accepted_length(cfg: TrainConfig, tcfg, dcfg, dparams, tparams, data) -
     return float(np.sum(stats.accepted) / max(int(np.sum(stats.rounds)), 1))
 
 
+def load_init_head(cfg: TrainConfig, dcfg, specs) -> dict:
+    """The float32 params of cfg.init_head (an orbax head directory, or `save_draft` /
+    `save_eagle` safetensors files), which must be a head of this config."""
+    paths = [Path(p) for p in cfg.init_head]
+    load = eagle.load_eagle if cfg.head == "eagle" else (
+        lambda path: load_any_draft(path) if len(paths) == 1 else load_draft_shards(paths)[:2])
+    got_cfg, params = load(paths[0] if len(paths) == 1 else paths)
+    if got_cfg.to_dict() != dcfg.to_dict():
+        diff = {k: v for k, v in got_cfg.to_dict().items() if dcfg.to_dict().get(k) != v}
+        raise ValueError(f"init_head {cfg.init_head} is another head than this config makes "
+                         f"(differs in {sorted(diff)})")
+    check_params(params, specs, f"init_head {cfg.init_head}")
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+
+
+def fresh_params(cfg: TrainConfig, specs, tparams) -> dict:
+    """A new head's params (seeded); with norm_from_target its final norm is the target's."""
+    dparams = init_params(specs, jax.random.key(cfg.seed))
+    if cfg.norm_from_target:
+        dparams["norm"] = jnp.asarray(tparams["final_norm"], dparams["norm"].dtype)
+    return dparams
+
+
 def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | None = None,
           time_limit: float | None = None, progress: bool = True) -> TrainResult:
     """Trains (or resumes training of) a head; `stop_after` ends the run early at that step,
     as an interruption would (tests and time-sliced jobs). `time_limit` (seconds of this call)
     ends it at the first step past the limit: a checkpoint is saved (a rerun resumes there)
-    and the head so far is written, marked incomplete in its metadata."""
+    and the head so far is written, marked incomplete in its metadata. A checkpoint in out_dir
+    wins over cfg.init_head (a rerun of the same command resumes from it)."""
     out = Path(cfg.out_dir)
     dcfg = cfg.draft_config(tcfg)
     specs = eagle.eagle_specs(dcfg) if cfg.head == "eagle" else draft_specs(dcfg)
+    ckpts = state_dirs(out / "checkpoints")
+    init = load_init_head(cfg, dcfg, specs) if cfg.init_head and not ckpts else None
+    mesh = data_mesh(cfg.mesh) if cfg.mesh else None
     if cfg.feature_dir:
         data = load_features(cfg.feature_dir, tcfg, dcfg.tap_layers, data_dir=cfg.data_dir)
     else:
@@ -246,12 +321,10 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
                                   data_dir=cfg.eval_dir)
     elif cfg.eval_dir:
         eval_data = load_shards(cfg.eval_dir)
-    tx, schedule = make_optimizer(cfg)
-    dparams = init_params(specs, jax.random.key(cfg.seed))
-    opt_state = tx.init(dparams)
+    dparams = fresh_params(cfg, specs, tparams)
+    opt_state = make_optimizer(cfg)[0].init(dparams)  # its structure does not depend on offset
     sampler = BatchSampler(len(data["lengths"]), cfg.batch_size, cfg.seed)
-    step, elapsed = 0, 0.0
-    ckpts = state_dirs(out / "checkpoints")
+    step, elapsed, offset = 0, 0.0, 0
     if ckpts:
         state, meta = restore_state(ckpts[-1], {"params": dparams, "opt_state": opt_state})
         if meta["draft_config"] != json.loads(json.dumps(dcfg.to_dict())):
@@ -259,43 +332,67 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
                              f"this config makes: use another out_dir")
         dparams, opt_state = state["params"], state["opt_state"]
         step, elapsed = meta["step"], meta["elapsed"]
+        offset = meta.get("schedule_offset", 0)
         sampler.restore(meta["data_sampler"])
+    elif init is not None:
+        dparams, step, offset = init, cfg.start_step, cfg.start_step
+        for _ in range(step):  # the batches an uninterrupted run would have drawn so far
+            sampler.next()
+    tx, schedule = make_optimizer(cfg, offset)
     log = MetricLog(out / "metrics.jsonl", keep_until=step)
     train_step, eval_step = make_steps(cfg, tcfg, dcfg, tx, cached=bool(cfg.feature_dir))
     if cfg.feature_dir and not cfg.eval_feature_dir:
         _, eval_step = make_steps(cfg, tcfg, dcfg, tx, cached=False)  # online held-out KL
+    single_tparams = tparams
+    dparams, opt_state, tparams = place(mesh, (dparams, opt_state, tparams))
     base_key = jax.random.key(cfg.seed + 1)
     start, window = time.time() - elapsed, []
+    seq_len = data["tokens"].shape[1]
+    flops = None if cfg.head == "eagle" else step_flops(
+        tcfg, dcfg, batch=cfg.batch_size, seq_len=seq_len, anchors=cfg.num_anchors,
+        anchor_chunk=cfg.anchor_chunk, cached=bool(cfg.feature_dir))["step"]
+    speed = Throughput(cfg.batch_size * seq_len, flops,
+                       cfg.peak_flops * (data_parallel(cfg.mesh) if cfg.mesh else 1))
     bar = tqdm(total=cfg.steps, initial=step, desc="train head", disable=not progress)
     deadline, out_of_time = (time.time() + time_limit if time_limit else None), False
+    first = True
     while step < cfg.steps and not out_of_time and (stop_after is None or step < stop_after):
-        batch = {k: jnp.asarray(v[sampler.next()]) for k, v in data.items()}
+        batch = place(mesh, {k: jnp.asarray(v[sampler.next()]) for k, v in data.items()}, True)
         dparams, opt_state, m = train_step(dparams, opt_state, tparams, batch,
                                            jax.random.fold_in(base_key, step))
         step += 1
         window.append(m)
         bar.update()
+        if first:  # compiled now: time from here
+            jax.block_until_ready(m)
+            speed.reset()
+            first = False
+        else:
+            speed.steps += 1
         row = {}
         if step % cfg.log_every == 0 or step == cfg.steps:
-            row = {**_mean_metrics(window), "lr": float(schedule(step - 1))}
+            row = {**_mean_metrics(window), "lr": float(schedule(step - 1)), **speed.row()}
             window = []
             bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['acc'][0]:.2f}")
         if eval_data is not None and (step % cfg.eval_every == 0 or step == cfg.steps):
-            row["eval"] = evaluate(cfg, tcfg, dcfg, eval_step, dparams, tparams, eval_data)
+            row["eval"] = evaluate(cfg, tcfg, dcfg, eval_step, dparams, tparams, eval_data,
+                                   mesh, single_tparams)
         if row:
             log.write({"step": step, **row, "time": time.time() - start})
+            speed.reset()
         out_of_time = bool(deadline) and time.time() > deadline
         if step % cfg.ckpt_every == 0 or step == cfg.steps or out_of_time:
             save_state(out / "checkpoints", step, {"params": dparams, "opt_state": opt_state},
                        dataclasses.asdict(cfg), {"data_sampler": sampler.state(),
                                                  "elapsed": time.time() - start,
-                                                 "draft_config": dcfg.to_dict()},
+                                                 "draft_config": dcfg.to_dict(),
+                                                 "schedule_offset": offset},
                        cfg.keep_ckpts)
     bar.close()
     timed_out = out_of_time and step < cfg.steps
     if step == cfg.steps or timed_out:
         save = eagle.save_eagle if cfg.head == "eagle" else save_draft
-        save(out / "head", dparams, dcfg, overwrite=True,
+        save(out / "head", jax.device_get(dparams), dcfg, overwrite=True,
              metadata={"steps": step, "complete": not timed_out,
                        "train_config": dataclasses.asdict(cfg)})
     return TrainResult(dparams=dparams, dcfg=dcfg, step=step, out_dir=out)
