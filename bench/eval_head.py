@@ -5,8 +5,8 @@ speedup at batch 1 over autoregressive decoding timed in the same run.
   python -m bench.eval_head --draft checkpoints/smollm2-135m-jetspec --dtype bfloat16 \
       --budgets 16 32 64 128 256 --temperatures 0 1 --batch1-prompts 8 --out eval.json
 
-Tau comes from each benchmark decoded as one ragged batch (tau does not depend on the batch);
-speed from the first --batch1-prompts prompts of each benchmark decoded one at a time, each
+Tau comes from all benchmarks decoded as one ragged batch (tau does not depend on the batch);
+speed from --batch1-prompts prompts of each benchmark (of one padded length) decoded one at a time, each
 speculative run followed by the autoregressive run of the same prompt. Benchmark prompts are
 for evaluation only: never train on them.
 """
@@ -24,8 +24,11 @@ from bench.common.results_io import command_line, write_json
 from jetspec_jax import api
 
 
-def tau_rows(target, draft, prompts, *, budgets, temperature, max_new, seed=0):
-    """One row per budget for one benchmark batch; greedy rows also check equality with AR."""
+def tau_rows(target, draft, sets, *, budgets, temperature, max_new, seed=0):
+    """All benchmarks decoded as one ragged batch (one compiled program per budget), tau then
+    pooled per benchmark from each sequence's rounds; greedy rows also check equality with AR."""
+    names = [n for n, ps in sets.items() for _ in ps]
+    prompts = [p for ps in sets.values() for p in ps]
     rows, ar = [], None
     for b in budgets:
         r = api.generate(target, prompts, draft=draft, budget=b, max_new_tokens=max_new,
@@ -33,13 +36,26 @@ def tau_rows(target, draft, prompts, *, budgets, temperature, max_new, seed=0):
                          compare_autoregressive=temperature == 0 and ar is None)
         if r.ar_tokens is not None:
             ar = r.ar_tokens
-        row = dict(budget=b, temperature=temperature, tau=r.tau_mean, tau_hist=r.tau_hist,
-                   tokens=r.num_generated, seconds=r.seconds)
-        if temperature == 0:
-            same = [a == s for a, s in zip(ar, r.tokens)]
-            row.update(identical=all(same), identical_share=float(np.mean(same)))
-        rows.append(row)
+        for name in sets:
+            rounds = [a for n, a in zip(names, r.accepted) if n == name]
+            committed = [k for a in rounds for k in a]
+            row = dict(benchmark=name, budget=b, temperature=temperature,
+                       tau=sum(committed) / max(len(committed), 1),
+                       tau_hist=np.bincount(np.asarray(committed, int)).tolist(),
+                       prompts=len(rounds))
+            if temperature == 0:
+                same = [a == t for n, a, t in zip(names, ar, r.tokens) if n == name]
+                row.update(identical=all(same), identical_share=float(np.mean(same)))
+            rows.append(row)
     return rows
+
+
+def one_bucket(target, prompts, n):
+    """Up to n prompts whose encoded length shares one padding bucket, so that batch-1 runs
+    reuse one compiled program per budget."""
+    buckets = [api.bucket(len(ids)) for ids in api.encode_prompts(target, prompts)]
+    common = max(set(buckets), key=buckets.count)
+    return [p for p, b in zip(prompts, buckets) if b == common][:n]
 
 
 def batch1_speed(target, draft, prompts, *, budget, max_new):
@@ -65,8 +81,8 @@ def main():
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(api.DTYPES))
     ap.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=list(BENCHMARKS))
     ap.add_argument("--limit", type=int, default=0, help="prompts per benchmark (0: all)")
-    ap.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256])
-    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--budgets", type=int, nargs="*", default=[16, 32, 64, 128, 256])
+    ap.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 1.0])
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch1-prompts", type=int, default=8,
                     help="prompts per benchmark timed at batch 1 (0: no speed measurement)")
@@ -77,28 +93,30 @@ def main():
     target = api.load_target(args.model, dtype=args.dtype)
     draft = api.load_draft(args.draft or api.default_draft_path(args.model), target)
     result = dict(command=command_line(), dtype=args.dtype, device=jax.devices()[0].device_kind,
-                  date=time.strftime("%Y-%m-%d"), tau={}, batch1={})
-    for name in args.benchmarks:
-        prompts = BENCHMARKS[name]()
-        prompts = prompts[:args.limit] if args.limit else prompts
-        result["tau"][name] = [row for t in args.temperatures for row in tau_rows(
-            target, draft, prompts, budgets=args.budgets, temperature=t,
-            max_new=args.max_new_tokens)]
+                  date=time.strftime("%Y-%m-%d"), tau={}, batch1=[])
+    sets = {name: BENCHMARKS[name]() for name in args.benchmarks}
+    sets = {k: (v[:args.limit] if args.limit else v) for k, v in sets.items()}
+    for t in args.temperatures:
+        result["tau"][t] = tau_rows(target, draft, sets, budgets=args.budgets, temperature=t,
+                                    max_new=args.max_new_tokens)
         write_json(args.out, result)
-        if args.batch1_prompts:
-            result["batch1"][name] = [batch1_speed(
-                target, draft, prompts[:args.batch1_prompts], budget=b,
-                max_new=args.max_new_tokens) for b in args.batch1_budgets]
-            write_json(args.out, result)
+    if args.batch1_prompts:
+        prompts = [p for name in args.benchmarks
+                   for p in one_bucket(target, sets[name], args.batch1_prompts)]
+        result["batch1"] = [batch1_speed(target, draft, prompts, budget=b,
+                                         max_new=args.max_new_tokens)
+                            for b in args.batch1_budgets]
+        write_json(args.out, result)
     print(f"{'benchmark':10s} {'T':>4s} " + " ".join(f"{b:>6d}" for b in args.budgets))
-    for name, rows in result["tau"].items():
-        for t in args.temperatures:
-            taus = [r["tau"] for r in rows if r["temperature"] == t]
-            print(f"{name:10s} {t:4.1f} " + " ".join(f"{x:6.2f}" for x in taus))
-    for name, rows in result["batch1"].items():
-        for r in rows:
-            print(f"{name:10s} batch 1, budget {r['budget']}: {r['speedup']:.2f}x "
-                  f"({r['tokens_per_s']:.0f} vs {r['ar_tokens_per_s']:.0f} tok/s)")
+    for t, rows in result["tau"].items():
+        for name in args.benchmarks:
+            taus = [r["tau"] for r in rows if r["benchmark"] == name]
+            same = all(r.get("identical", True) for r in rows if r["benchmark"] == name)
+            print(f"{name:10s} {t:4.1f} " + " ".join(f"{x:6.2f}" for x in taus)
+                  + ("" if t else f"  identical to AR: {same}"))
+    for r in result["batch1"]:
+        print(f"batch 1, budget {r['budget']}, {r['prompts']} prompts: {r['speedup']:.2f}x "
+              f"({r['tokens_per_s']:.0f} vs {r['ar_tokens_per_s']:.0f} tok/s)")
 
 
 if __name__ == "__main__":
