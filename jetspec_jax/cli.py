@@ -461,8 +461,6 @@ def _train_draft_parser(sub) -> None:
                          "(0: none)"),
                         ("tau_max_new", "tokens generated per tau prompt"),
                         ("tree_budget", "draft-tree budget of the tau evaluation"),
-                        ("start_step", "with --init-head: the step the run continues from "
-                         "(schedule and data order)"),
                         ("seed", "random seed")]:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name),
                        help=f"{help_} (default: %(default)s)")
@@ -477,6 +475,9 @@ def _train_draft_parser(sub) -> None:
                    help="when OUT has no checkpoint: start from this head's weights (a head "
                    "directory, or the safetensors files of `convert --head --shard-mib`) with "
                    "a fresh optimizer re-warmed over --warmup-steps, at --start-step")
+    p.add_argument("--start-step", type=int, metavar="N",
+                   help="with --init-head: the step the run continues from, its schedule and "
+                   "data order (default: the step recorded with the head's weights)")
     p.add_argument("--mesh", metavar="data=N",
                    help="data-parallel over N devices: the batch is split, the head replicated")
     p.add_argument("--peak-tflops", type=float, default=d.peak_flops / 1e12, metavar="TF",

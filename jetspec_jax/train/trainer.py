@@ -44,7 +44,9 @@ from tqdm.auto import tqdm
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
 from jetspec_jax.draft.head import DraftConfig, draft_config_for, draft_specs
-from jetspec_jax.io.heads import load_any_draft, load_draft_shards, save_draft
+from jetspec_jax.io.checkpoints import read_info
+from jetspec_jax.io.heads import KIND as HEAD_KIND, load_any_draft, save_draft
+from jetspec_jax.io.shards import is_shard_export, read_shards, unflatten
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.params import check_params, init_params
 from jetspec_jax.train import eagle
@@ -87,7 +89,7 @@ class TrainConfig:
     # resuming from a head's weights alone (no checkpoint in out_dir): a fresh optimizer,
     # re-warmed over warmup_steps, the schedule and the data order continued at start_step
     init_head: tuple[str, ...] | None = None  # a head directory, or its safetensors files
-    start_step: int = 0
+    start_step: int | None = None  # None: the step recorded with init_head's weights
     mesh: str | None = None  # "data=N": batch split over N devices, params replicated
     peak_flops: float = 790e12  # per device, for the logged model-FLOP utilisation
     # bookkeeping
@@ -108,10 +110,10 @@ class TrainConfig:
                      "keep_ckpts", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.start_step < self.steps:
+        if self.start_step is not None and not 0 <= self.start_step < self.steps:
             raise ValueError(f"start_step must be in [0, steps={self.steps}), got "
                              f"{self.start_step}")
-        if self.start_step and not self.init_head:
+        if self.start_step is not None and not self.init_head:
             raise ValueError("start_step continues a run from a head's weights: give init_head")
         if self.anchor_chunk is not None and (
                 self.anchor_chunk < 1 or (self.num_anchors > self.anchor_chunk
@@ -275,19 +277,30 @@ def mean_accepted_length(cfg: TrainConfig, tcfg, dcfg, dparams, tparams, data) -
     return float(np.sum(stats.accepted) / max(int(np.sum(stats.rounds)), 1))
 
 
-def load_init_head(cfg: TrainConfig, dcfg, specs) -> dict:
-    """The float32 params of cfg.init_head (an orbax head directory, or `save_draft` /
-    `save_eagle` safetensors files), which must be a head of this config."""
+def load_init_head(cfg: TrainConfig, dcfg, specs) -> tuple[dict, int | None]:
+    """(float32 params, the step they were trained to, if recorded) of cfg.init_head: an orbax
+    head directory, or `save_draft` / `save_eagle` safetensors files (a folder, or the files),
+    which must hold a head of this config."""
     paths = [Path(p) for p in cfg.init_head]
-    load = eagle.load_eagle if cfg.head == "eagle" else (
-        lambda path: load_any_draft(path) if len(paths) == 1 else load_draft_shards(paths)[:2])
-    got_cfg, params = load(paths[0] if len(paths) == 1 else paths)
-    if got_cfg.to_dict() != dcfg.to_dict():
-        diff = {k: v for k, v in got_cfg.to_dict().items() if dcfg.to_dict().get(k) != v}
+    src = paths[0] if len(paths) == 1 else paths
+    kind = eagle.KIND if cfg.head == "eagle" else HEAD_KIND
+    if len(paths) == 1 and (paths[0] / "metadata.json").exists():
+        got, params = (eagle.load_eagle if cfg.head == "eagle" else load_any_draft)(src)
+        meta = read_info(src)[1]
+    elif is_shard_export(src):
+        got_kind, config, flat, meta = read_shards(src)
+        if got_kind != kind:
+            raise ValueError(f"init_head {cfg.init_head} holds a {got_kind!r} head, not {kind!r}")
+        got = type(dcfg).from_dict(config)
+        params = unflatten(flat, specs, f"init_head {cfg.init_head}")
+    else:  # a reference-format head
+        (got, params), meta = load_any_draft(src), {}
+    if got.to_dict() != dcfg.to_dict():
+        diff = {k: v for k, v in got.to_dict().items() if dcfg.to_dict().get(k) != v}
         raise ValueError(f"init_head {cfg.init_head} is another head than this config makes "
                          f"(differs in {sorted(diff)})")
     check_params(params, specs, f"init_head {cfg.init_head}")
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), meta.get("steps")
 
 
 def fresh_params(cfg: TrainConfig, specs, tparams) -> dict:
@@ -309,7 +322,17 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
     dcfg = cfg.draft_config(tcfg)
     specs = eagle.eagle_specs(dcfg) if cfg.head == "eagle" else draft_specs(dcfg)
     ckpts = state_dirs(out / "checkpoints")
-    init = load_init_head(cfg, dcfg, specs) if cfg.init_head and not ckpts else None
+    init, start_step = None, cfg.start_step
+    if cfg.init_head and not ckpts:
+        init, trained = load_init_head(cfg, dcfg, specs)
+        if start_step is None:
+            if trained is None:
+                raise ValueError(f"init_head {cfg.init_head} records no step count: give "
+                                 "start_step")
+            start_step = int(trained)
+        if start_step >= cfg.steps:
+            raise ValueError(f"init_head was trained {start_step} steps, not fewer than "
+                             f"steps={cfg.steps}: nothing to train")
     mesh = data_mesh(cfg.mesh) if cfg.mesh else None
     if cfg.feature_dir:
         data = load_features(cfg.feature_dir, tcfg, dcfg.tap_layers, data_dir=cfg.data_dir)
@@ -335,7 +358,7 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
         offset = meta.get("schedule_offset", 0)
         sampler.restore(meta["data_sampler"])
     elif init is not None:
-        dparams, step, offset = init, cfg.start_step, cfg.start_step
+        dparams, step, offset = init, start_step, start_step
         for _ in range(step):  # the batches an uninterrupted run would have drawn so far
             sampler.next()
     tx, schedule = make_optimizer(cfg, offset)
