@@ -1,8 +1,8 @@
 """How long `jetspec --help` and each subcommand's `--help` take: each run as a fresh process,
 several times; the table gives the median and the slowest (seconds).
 
-    python bench/cli_startup.py            # 5 runs each
-    python bench/cli_startup.py --runs 9
+    python -m bench.cli_startup            # 5 runs each
+    python -m bench.cli_startup --runs 9
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common.results_io import ROOT
 COMMANDS = ([], ["convert"], ["generate"], ["bench"], ["train-data"], ["train-draft"],
             ["cache"])
 

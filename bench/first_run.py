@@ -2,8 +2,8 @@
 machine, with a fresh cache directory: wall time of each run, and its loading (conversion on
 the first run, the cached checkpoint after) and compile parts, as the CLI reports them.
 
-    python bench/first_run.py                      # SmolLM2-135M-Instruct, the shipped head
-    python bench/first_run.py --out bench/results/first_run/cpu.json -- --max-new-tokens 32
+    python -m bench.first_run                      # SmolLM2-135M-Instruct, the shipped head
+    python -m bench.first_run --out bench/results/first_run/cpu.json -- --max-new-tokens 32
 
 Arguments after `--` go to `jetspec generate`. The cache directory is a temporary one (the
 user's cache is not touched) and is deleted afterwards unless --keep.
@@ -20,10 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from jetspec_jax.io.files import write_json  # noqa: E402  (jax-free)
+from bench.common.results_io import ROOT, command_line, write_json
 
 FIGURES = {  # what the CLI prints -> the figure
     "target_load_s": r"note: target \S+ loaded in ([\d.]+) s",
@@ -71,8 +68,8 @@ def main() -> None:
     if args.out:
         import platform
 
-        write_json(args.out, dict(command=["jetspec", "generate", "--compare", *extra],
-                                  machine=platform.machine(), cpus=os.cpu_count(),
+        write_json(args.out, dict(command=command_line(), machine=platform.machine(),
+                                  cpus=os.cpu_count(),
                                   date=time.strftime("%Y-%m-%d"), runs=rows))
         print(f"wrote {args.out}")
     if not args.keep:
