@@ -37,7 +37,7 @@ from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slot
 from jetspec_jax.decode.streaming import StreamChunk
 from jetspec_jax.io.tokenizer import TokenizerError
 from jetspec_jax.model.params import target_specs
-from jetspec_jax.options import CPU_BUCKETS  # noqa: F401  (re-exported; jax-free for the CLI)
+from jetspec_jax.options import CPU_BUCKETS  # jax-free: the CLI help reads it too
 from jetspec_jax.results import GenerationResult, format_mix  # noqa: F401
 from pallas_kernels.tree_attention.api import IMPLEMENTATIONS
 

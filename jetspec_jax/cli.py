@@ -315,8 +315,8 @@ def _bench_parser(sub) -> None:
 
 
 def _check_model_and_prompts(args, default_prompts: list[str], *, need_draft: bool) -> None:
-    """The model, the head (given or shipped), the prompts and --mesh's form, before loading:
-    the head and prompts found are kept on args."""
+    """The model's and the head's (given or shipped) files and the prompts, before loading;
+    the head's path and the prompts are kept on args."""
     sources.check_target_source(args.model)
     args.draft_path = args.draft
     if args.draft is None and not args.no_draft:
