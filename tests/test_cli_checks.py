@@ -126,8 +126,8 @@ def test_bad_output_paths(capsys, tmp_path):
                                              tmp_path / "a" / "b")
     assert "--data " in one_line_error(capsys, "train-draft", "--data", tmp_path / "none",
                                        "--out", tmp_path / "run")
-    assert "--max-seqs must be >= 1, got 0" in one_line_error(
-        capsys, "train-data", "--out", tmp_path / "d", "--max-seqs", 0)
+    assert "--samples must be >= 0, got -1" in one_line_error(
+        capsys, "train-data", "--out", tmp_path / "d", "--samples", -1)
 
 
 def test_unknown_attn_impl(capsys):
