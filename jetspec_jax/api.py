@@ -37,12 +37,12 @@ from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slot
 from jetspec_jax.decode.streaming import StreamChunk
 from jetspec_jax.io.tokenizer import TokenizerError
 from jetspec_jax.model.params import target_specs
+from jetspec_jax.options import CPU_BUCKETS  # jax-free: the CLI help reads it too
 from jetspec_jax.results import GenerationResult, format_mix  # noqa: F401
 from pallas_kernels.tree_attention.api import IMPLEMENTATIONS
 
 ATTN_IMPLS = ("auto", *IMPLEMENTATIONS, "fused")  # "fused": target.FUSED_IMPLS
 AUTO_BUCKETS = None  # tree sizes budget="auto" picks from each round; None: `auto_buckets()`
-CPU_BUCKETS = (4, 8, 16, 32)  # a CPU's best fixed budget was 8 (docs/benchmarks.md)
 _NO_GPU_IMPLS = ("auto", "reference", "xla")
 
 __all__ = ["Target", "Draft", "GenerationResult", "load_target", "load_draft",

@@ -9,25 +9,25 @@ over `jetspec_jax.api` and `jetspec_jax.train`).
     jetspec bench --budgets 8 16 32 64 auto --out bench.json
     jetspec train-data --out runs/data --max-seqs 2000
     jetspec train-draft --data runs/data --out runs/head --steps 2000
+    jetspec cache ls                      # converted targets and compiled programs kept
 
-Expected failures (bad paths, checkpoints, prompts, flags) print one `error: ...` message to
-stderr and exit with status 2; --debug shows the traceback instead.
+Every path, file and number is checked before anything is loaded or converted (and before JAX
+is imported: `--help` is instant). Expected failures (bad paths, checkpoints, prompts, flags)
+print one `error: ...` line to stderr and exit with status 2; --debug shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
 from pathlib import Path
 
-import jax
-
-from jetspec_jax import api
-from jetspec_jax.decode import adaptive
-from jetspec_jax.decode.autoregressive import PREFILL_CHUNK
-from jetspec_jax.decode.speculative import DRAFT_MODES
+from jetspec_jax import options
+from jetspec_jax.io import cache, sources
+from jetspec_jax.io.files import write_json
+from jetspec_jax.io.prompts import read_prompt_file
 
 BUILTIN_PROMPT = "Explain in three sentences why the sky is blue."
 BENCH_PROMPTS = (
@@ -36,14 +36,23 @@ BENCH_PROMPTS = (
     "List five fruits and one fact about each.",
     "How do I reverse a list in Python? Show an example.",
 )
-TREES = ("accum_logp", "top2gap", "chain")
+DTYPES = sorted(options.DTYPE_NAMES)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "dtype", None):
-        api.exact_float32(args.dtype)
     try:
+        getattr(args, "check", lambda a: None)(args)  # no JAX yet: paths, files, numbers
+        if getattr(args, "no_cache", False):
+            os.environ["JETSPEC_NO_CACHE"] = "1"
+        if getattr(args, "no_compile_cache", False):
+            os.environ["JETSPEC_NO_COMPILE_CACHE"] = "1"
+        if args.command not in ("cache", "convert"):
+            cache.enable_compile_cache()  # before anything compiles
+        if getattr(args, "dtype", None):
+            from jetspec_jax import api
+
+            api.exact_float32(args.dtype)
         args.run(args)
     except (ValueError, OSError, NotImplementedError) as e:  # bad inputs, named in the message
         if args.debug:
@@ -53,8 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Flag errors in one line, like every other error."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="jetspec", description="JetSpec speculative decoding for Qwen3-family models.")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of an error instead of a one-line message")
@@ -64,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_parser(sub)
     _train_data_parser(sub)
     _train_draft_parser(sub)
+    _cache_parser(sub)
     return parser
 
 
@@ -79,6 +96,46 @@ def positive_int(text: str) -> int:
 
 def _subparser(sub, name: str, help: str, description: str):
     return sub.add_parser(name, help=help, description=description)
+
+
+def _cache_flags(p) -> None:
+    p.add_argument("--no-cache", action="store_true",
+                   help="convert an HF, GGUF or embedded target afresh instead of reading the "
+                   "copy converted once into the cache (also JETSPEC_NO_CACHE=1; the cache is "
+                   "$JETSPEC_CACHE, else $XDG_CACHE_HOME/jetspec, else ~/.cache/jetspec)")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="compile afresh instead of reusing the programs JAX kept in the cache "
+                   "(also JETSPEC_NO_COMPILE_CACHE=1)")
+
+
+def check_out_file(path: str, flag: str) -> None:
+    """An output file: not a directory, in an existing writable directory."""
+    file = Path(path)
+    if file.is_dir():
+        raise IsADirectoryError(f"{flag} {path} is a directory; give a file name")
+    _check_parent(file, flag)
+
+
+def check_out_dir(path: str, flag: str) -> None:
+    """An output directory: not a file, in (or itself) an existing writable directory."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{flag} {path} is a file, not a directory")
+    _check_parent(folder, flag)
+
+
+def _check_parent(path: Path, flag: str) -> None:
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise FileNotFoundError(f"{flag} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{flag} {path}: the directory {parent} is not writable")
+
+
+def check_numbers(**values) -> None:
+    """Every decoding number in range, all problems in one line."""
+    if problems := options.decoding_problems(**values):
+        raise ValueError("; ".join(problems))
 
 
 def budget_arg(text: str) -> int | str:
@@ -106,7 +163,7 @@ def _convert_parser(sub) -> None:
     p.add_argument("src", metavar="SRC", help="HF checkpoint directory, .gguf file, embedded "
                    "model name, or (with --head) a reference draft-head directory")
     p.add_argument("dst", metavar="DST", help="directory to write our checkpoint to")
-    p.add_argument("--dtype", choices=sorted(api.DTYPES), default="bfloat16",
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16",
                    help="dtype the weights are stored in (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     p.add_argument("--head", action="store_true",
@@ -115,15 +172,26 @@ def _convert_parser(sub) -> None:
                    help="with --head: write DST as flat safetensors files of at most MIB MiB "
                    "each (a head that must travel as small files; `generate --draft`, "
                    "`train-draft --init-head` read them)")
-    p.set_defaults(run=run_convert)
+    p.set_defaults(run=run_convert, check=check_convert)
 
 
-def run_convert(args) -> None:
-    dtype = api.resolve_dtype(args.dtype)
+def check_convert(args) -> None:
     if Path(args.dst).exists() and not args.overwrite:  # before the (long) conversion
         raise FileExistsError(f"{args.dst} exists; pass --overwrite to replace it")
     if args.shard_mib is not None and (not args.head or args.shard_mib <= 0):
         raise ValueError(f"--shard-mib {args.shard_mib} needs --head and a positive size")
+    check_out_dir(args.dst, "DST")
+    if args.head:
+        if not sources.is_ours(Path(args.src)):  # ours may hold an EAGLE-style head
+            sources.check_draft_source(args.src)
+    else:
+        sources.check_target_source(args.src)
+
+
+def run_convert(args) -> None:
+    from jetspec_jax import api
+
+    dtype = api.resolve_dtype(args.dtype)
     if args.head:
         from jetspec_jax.io import heads as head_io
         from jetspec_jax.io.checkpoints import read_info
@@ -152,13 +220,13 @@ def run_convert(args) -> None:
 
 
 def _model_flags(p, *, without_head: str) -> None:
-    p.add_argument("--model", default=api.DEFAULT_MODEL,
+    p.add_argument("--model", default=options.DEFAULT_MODEL,
                    help="target: our checkpoint directory, an HF directory, a .gguf file or an "
                    "embedded name (default: %(default)s, embedded)")
     p.add_argument("--draft", metavar="PATH",
                    help="draft head: our checkpoint or a reference-format head directory "
                    f"(default: checkpoints/<model name>-jetspec/ if it exists; {without_head})")
-    p.add_argument("--dtype", choices=sorted(api.DTYPES), default="float32",
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="dtype the weights are cast to on load (default: %(default)s)")
     p.add_argument("--prompt", action="append", metavar="TEXT",
                    help="a prompt; repeat for a batch (default: a built-in prompt)")
@@ -171,15 +239,15 @@ def _model_flags(p, *, without_head: str) -> None:
     p.add_argument("--width", type=int, default=7, metavar="K",
                    help="draft candidates considered per tree node, the top-K of each depth "
                    "(default: %(default)s)")
-    p.add_argument("--tree", choices=TREES, default="accum_logp",
+    p.add_argument("--tree", choices=options.TREE_METHODS, default="accum_logp",
                    help="tree builder: accum_logp (best nodes by path log-probability), top2gap "
                    "(branch where the draft is unsure), chain (a single path) "
                    "(default: %(default)s)")
-    p.add_argument("--draft-mode", choices=DRAFT_MODES, default="per_depth",
+    p.add_argument("--draft-mode", choices=options.DRAFT_MODES, default="per_depth",
                    help="per_depth: the tree from the head's per-depth guesses; path: then "
                    "re-grown from a second head pass conditioned on each node's own path "
                    "(docs/drafting_variants.md) (default: %(default)s)")
-    p.add_argument("--attn-impl", choices=api.ATTN_IMPLS, default="auto",
+    p.add_argument("--attn-impl", default="auto", metavar="IMPL",
                    help="attention implementation: auto picks the best GPU kernel (on a "
                    "GPU, one-token steps run the fused kernel: q/k norm, RoPE, cache write and "
                    "attention in one), or the XLA reference on CPU; the Pallas kernels "
@@ -192,6 +260,7 @@ def _model_flags(p, *, without_head: str) -> None:
                    "parallel: heads, MLP, vocab), 'tp=N,ep=M' (and experts), '1' (one device); "
                    "the sizes multiply to the device count (default: one device; "
                    "docs/sharding.md)")
+    _cache_flags(p)
 
 
 def _generate_parser(sub) -> None:
@@ -206,8 +275,8 @@ def _generate_parser(sub) -> None:
                    help="decode autoregressively even if a default draft head exists")
     p.add_argument("--budget", type=budget_arg, metavar="N|auto",
                    help="tree nodes verified per round, 1..1024, or 'auto': each round picks "
-                   f"a size from {'/'.join(map(str, adaptive.DEFAULT_BUCKETS))} on a GPU, "
-                   f"{'/'.join(map(str, api.CPU_BUCKETS))} on a CPU, for the most expected "
+                   f"a size from {'/'.join(map(str, options.GPU_BUCKETS))} on a GPU, "
+                   f"{'/'.join(map(str, options.CPU_BUCKETS))} on a CPU, for the most expected "
                    "tokens per second, from round costs measured once at start-up (default: "
                    "64 on GPU, 4 on CPU)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
@@ -223,12 +292,13 @@ def _generate_parser(sub) -> None:
     p.add_argument("--compare", action="store_true",
                    help="also decode autoregressively in the same run and print the speedup "
                    "(and, greedy, whether the outputs are identical)")
-    p.add_argument("--prefill-chunk", type=positive_int, default=PREFILL_CHUNK, metavar="N",
+    p.add_argument("--prefill-chunk", type=positive_int, default=options.PREFILL_CHUNK,
+                   metavar="N",
                    help="prompt tokens per prefill pass; smaller needs less memory for long "
                    "prompts in big batches, with the same output (default: %(default)s)")
     p.add_argument("--stream", action="store_true",
                    help="print the text as it is generated (one prompt; the same tokens)")
-    p.set_defaults(run=run_generate)
+    p.set_defaults(run=run_generate, check=check_generate)
 
 
 def _bench_parser(sub) -> None:
@@ -241,43 +311,80 @@ def _bench_parser(sub) -> None:
                    metavar="N|auto", help="tree budgets to sweep; 'auto' for the adaptive budget "
                    "(see generate --budget) (default: %(default)s)")
     p.add_argument("--out", metavar="FILE", help="also write the results as JSON")
-    p.set_defaults(run=run_bench, no_draft=False)
+    p.set_defaults(run=run_bench, check=check_bench, no_draft=False)
 
 
-def _prompts(args) -> list[str]:
+def _check_model_and_prompts(args, default_prompts: list[str], *, need_draft: bool) -> None:
+    """The model's and the head's (given or shipped) files and the prompts, before loading;
+    the head's path and the prompts are kept on args."""
+    sources.check_target_source(args.model)
+    args.draft_path = args.draft
+    if args.draft is None and not args.no_draft:
+        name = sources.target_name(args.model)
+        args.draft_path = sources.default_draft_path(name)
+        if args.draft_path is None and need_draft:
+            raise ValueError(f"bench needs a draft head: pass --draft PATH (no default head "
+                             f"checkpoints/{name}-jetspec/ is installed)")
+    if args.draft_path is not None:
+        sources.check_draft_source(args.draft_path)
     prompts = list(args.prompt or [])
     if args.prompt_file:
-        prompts += api.read_prompt_file(args.prompt_file)
-    return prompts
+        prompts += read_prompt_file(args.prompt_file)
+    if bad := [i for i, p in enumerate(prompts) if not p.strip()]:
+        raise ValueError(f"prompt {bad[0]} is empty")
+    args.prompts = prompts or default_prompts
 
 
-def _load(args, *, need_draft: bool):
-    """-> (target, draft): --draft, else the shipped default head unless --no-draft, else None."""
+def check_generate(args) -> None:
+    check_numbers(max_new_tokens=args.max_new_tokens, budget=args.budget, width=args.width,
+                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                  prefill_chunk=args.prefill_chunk)
+    _check_model_and_prompts(args, [BUILTIN_PROMPT], need_draft=False)
+    if args.stream and (len(args.prompts) != 1 or args.compare):
+        raise ValueError("--stream prints one generation as it is made: give one prompt and "
+                         f"no --compare (got {len(args.prompts)} prompts"
+                         + (", --compare)" if args.compare else ")"))
+
+
+def check_bench(args) -> None:
+    for budget in args.budgets:
+        check_numbers(max_new_tokens=args.max_new_tokens, budget=budget, width=args.width)
+    if args.out:
+        check_out_file(args.out, "--out")
+    _check_model_and_prompts(args, list(BENCH_PROMPTS), need_draft=True)
+
+
+def _load(args):
+    """-> (target, draft or None): the head first (small, so a broken one fails fast), then
+    the target, each timed on stderr."""
+    from jetspec_jax import api
+    from jetspec_jax.io.load import fit_draft, read_draft
+    from jetspec_jax.model import sharding
+
+    sharding.as_mesh(args.mesh)  # a bad --mesh before any reading
+    draft = None
+    if args.draft_path is not None:
+        start = time.perf_counter()
+        draft = read_draft(args.draft_path, dtype=api.resolve_dtype(args.dtype))
+        print(f"note: draft head loaded in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    start = time.perf_counter()
     target = api.load_target(args.model, dtype=args.dtype, mesh=args.mesh)
-    if args.draft:
-        return target, api.load_draft(args.draft, target)
-    if args.no_draft:
-        return target, None
-    if (path := api.default_draft_path(target.name)) is not None:
-        return target, api.load_draft(path, target)
-    if need_draft:
-        raise ValueError(f"bench needs a draft head: pass --draft PATH (no default head "
-                         f"checkpoints/{target.name}-jetspec/ is installed)")
-    print(f"note: no draft head for {target.name} (pass --draft PATH); decoding "
-          "autoregressively", file=sys.stderr)
-    return target, None
+    print(f"note: target {target.name} loaded in {time.perf_counter() - start:.1f} s",
+          file=sys.stderr)
+    if draft is None and not args.no_draft:
+        print(f"note: no draft head for {target.name} (pass --draft PATH); decoding "
+              "autoregressively", file=sys.stderr)
+    return target, draft and fit_draft(draft, target)
 
 
 def run_generate(args) -> None:
-    prompts = _prompts(args) or [BUILTIN_PROMPT]
+    from jetspec_jax import api
+
+    prompts = args.prompts
     api.decoding_options(budget=args.budget, width=args.width, tree=args.tree,
                          draft_mode=args.draft_mode, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, attn_impl=args.attn_impl)
-    if args.stream and (len(prompts) != 1 or args.compare):
-        raise ValueError("--stream prints one generation as it is made: give one prompt and "
-                         f"no --compare (got {len(prompts)} prompts"
-                         + (", --compare)" if args.compare else ")"))
-    target, draft = _load(args, need_draft=False)
+    target, draft = _load(args)
     if args.compare and draft is None:
         print("note: --compare needs a draft head; nothing to compare with", file=sys.stderr)
     options = dict(draft=draft, max_new_tokens=args.max_new_tokens, budget=args.budget,
@@ -317,11 +424,15 @@ def print_stream(make_chunks) -> None:
 
 
 def run_bench(args) -> None:
-    prompts = _prompts(args) or list(BENCH_PROMPTS)
+    import jax
+
+    from jetspec_jax import api
+
+    prompts = args.prompts
     for budget in args.budgets:
         api.decoding_options(budget=budget, width=args.width, tree=args.tree,
                              draft_mode=args.draft_mode, attn_impl=args.attn_impl)
-    target, draft = _load(args, need_draft=True)
+    target, draft = _load(args)
     rows = api.bench(target, prompts, draft=draft, budgets=args.budgets,
                      max_new_tokens=args.max_new_tokens, width=args.width, tree=args.tree,
                      draft_mode=args.draft_mode, chat=not args.no_chat,
@@ -341,7 +452,7 @@ def run_bench(args) -> None:
                     max_new_tokens=args.max_new_tokens, tree=args.tree, width=args.width,
                     draft_mode=args.draft_mode, attn_impl=api.resolve_attn_impl(args.attn_impl),
                     dtype=args.dtype, backend=jax.default_backend(), mesh=args.mesh, rows=rows)
-        Path(args.out).write_text(json.dumps(info, indent=1))
+        write_json(args.out, info)
         print(f"wrote {args.out}")
 
 
@@ -360,7 +471,8 @@ def _train_data_parser(sub) -> None:
                    "shards plus manifest.json (token counts, tokens/s) to OUT. Resumable: "
                    "finished shards are kept, so rerunning the same command continues where it "
                    "stopped.")
-    p.add_argument("--model", default=api.DEFAULT_MODEL, help="target (default: %(default)s)")
+    p.add_argument("--model", default=options.DEFAULT_MODEL,
+                   help="target (default: %(default)s)")
     p.add_argument("--prompts", metavar="FILE",
                    help="a prompt file from scripts/export_prompts.py (.jsonl[.xz]), a .jsonl "
                    "of {\"prompt\": ...} or a ShareGPT .json (default: made here from the "
@@ -387,13 +499,28 @@ def _train_data_parser(sub) -> None:
     p.add_argument("--sample-temperature", type=float, default=0.8, metavar="T",
                    help="temperature of the sampled answers (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    p.add_argument("--dtype", choices=sorted(api.DTYPES), default="float32",
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="dtype of the target's weights and cache (default: %(default)s)")
-    p.set_defaults(run=run_train_data)
+    _cache_flags(p)
+    p.set_defaults(run=run_train_data, check=check_train_data)
+
+
+def check_train_data(args) -> None:
+    check_numbers(temperature=args.temperature)
+    if args.samples < 0:
+        raise ValueError(f"--samples must be >= 0, got {args.samples}")
+    if args.samples and args.sample_temperature <= 0:
+        raise ValueError("--samples needs --sample-temperature > 0")
+    if args.prompts and not Path(args.prompts).is_file():
+        raise FileNotFoundError(f"no prompt file at {args.prompts}")
+    check_out_dir(args.out, "--out")
+    sources.check_target_source(args.model)
 
 
 def run_train_data(args) -> None:
     import jax.numpy as jnp
+
+    from jetspec_jax import api
 
     from jetspec_jax.decode.sampling import Sampler
     from jetspec_jax.train import prompts as P
@@ -428,21 +555,31 @@ def run_train_data(args) -> None:
           f"compile {g['compile_seconds']:.1f} s) to {args.out}")
 
 
-def _train_draft_parser(sub) -> None:
-    from jetspec_jax.train.trainer import HEADS, TrainConfig
+# TrainConfig's defaults, kept here so that the flag table needs no JAX (a test holds them
+# equal to `jetspec_jax.train.trainer.TrainConfig`'s).
+TRAIN_HEADS = ("dflash", "eagle", "jetspec")
+TRAIN_DEFAULTS = dict(head="jetspec", head_layers=5, block_size=16, num_taps=5, steps=2000,
+                      batch_size=8, num_anchors=16, warmup_steps=100, anchor_chunk=32,
+                      ckpt_every=200, log_every=10, eval_every=200, eval_batches=4,
+                      tau_prompts=4, tau_max_new=64, tree_budget=64, start_step=0, seed=0,
+                      lr=6e-4, gamma=7.0, depth1_weight=None, peak_flops=7.9e14,
+                      prefix_fill=0.0)
 
-    d = TrainConfig(data_dir="", out_dir="")
+
+def _train_draft_parser(sub) -> None:
+    d = argparse.Namespace(**TRAIN_DEFAULTS)
     p = _subparser(sub, "train-draft", "train a draft head against a frozen target",
                    "Trains a JetSpec head (causal parallel drafting; or the DFlash "
                    "bidirectional or EAGLE-style autoregressive baselines) on data from "
                    "train-data with forward KL to the target. Checkpoints go to OUT/checkpoints "
                    "and a rerun resumes from the latest; metrics to OUT/metrics.jsonl; the "
                    "final head to OUT/head.")
-    p.add_argument("--model", default=api.DEFAULT_MODEL, help="target (default: %(default)s)")
+    p.add_argument("--model", default=options.DEFAULT_MODEL,
+                   help="target (default: %(default)s)")
     p.add_argument("--data", required=True, metavar="DIR", help="train-data output")
     p.add_argument("--eval-data", metavar="DIR", help="held-out train-data output")
     p.add_argument("--out", required=True, metavar="DIR", help="run directory")
-    p.add_argument("--head", choices=sorted(HEADS), default=d.head,
+    p.add_argument("--head", choices=TRAIN_HEADS, default=d.head,
                    help="jetspec (causal), dflash (bidirectional) or eagle (default: %(default)s)")
     for name, help_ in [("head_layers", "decoder layers of the head"),
                         ("block_size", "block slots: the anchor + drafted depths"),
@@ -487,17 +624,31 @@ def _train_draft_parser(sub) -> None:
                    help="probability in [0, 1] that a training block holds a prefix of true "
                    "tokens, for --draft-mode path; jetspec and dflash heads only "
                    "(default: %(default)s)")
-    p.add_argument("--dtype", choices=sorted(api.DTYPES), default="float32",
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="dtype of the target's weights (default: %(default)s)")
     p.add_argument("--time-limit", type=float, metavar="MINUTES",
                    help="stop after this many minutes: checkpoint (a rerun resumes) and write "
                    "the head so far, marked incomplete")
-    p.set_defaults(run=run_train_draft)
+    _cache_flags(p)
+    p.set_defaults(run=run_train_draft, check=check_train_draft)
+
+
+def check_train_draft(args) -> None:
+    """The trainer's own checks (`TrainConfig`) run first in `run_train_draft`, before the
+    target loads; here the paths."""
+    for flag, path in (("--data", args.data), ("--eval-data", args.eval_data)):
+        if path is not None and not Path(path).is_dir():
+            raise FileNotFoundError(f"{flag} {path}: no such directory (train-data's output)")
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise ValueError(f"--time-limit must be > 0 minutes, got {args.time_limit}")
+    check_out_dir(args.out, "--out")
+    sources.check_target_source(args.model)
 
 
 def run_train_draft(args) -> None:
     import dataclasses
 
+    from jetspec_jax import api
     from jetspec_jax.train.trainer import TrainConfig, train
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -510,6 +661,33 @@ def run_train_draft(args) -> None:
     result = train(cfg, target.params, target.cfg, time_limit=limit)
     done = "" if result.step == cfg.steps else f" of {cfg.steps} (time limit)"
     print(f"trained {result.step} steps{done}; head written to {result.out_dir / 'head'}")
+
+
+# ---- cache -----------------------------------------------------------------------------------
+
+
+def _cache_parser(sub) -> None:
+    p = _subparser(sub, "cache", "list or clear the converted targets and compiled programs",
+                   "The cache holds each HF, GGUF or embedded target converted once into our "
+                   "checkpoint format (keyed by its files' content hash and the dtype) and JAX's "
+                   "compiled programs. It lives in $JETSPEC_CACHE, else $XDG_CACHE_HOME/jetspec, "
+                   "else ~/.cache/jetspec.")
+    p.add_argument("action", choices=("ls", "clear"), help="ls: list; clear: delete all")
+    p.set_defaults(run=run_cache)
+
+
+def run_cache(args) -> None:
+    root = cache.cache_dir()
+    if args.action == "clear":
+        print(f"cleared {root}: {cache.clear() / 1e6:.1f} MB freed")
+        return
+    rows = cache.entries()
+    print(f"{root}" + ("" if rows else ": empty"))
+    for r in rows:
+        if r["kind"] == "target":
+            print(f"  {r['bytes'] / 1e6:9.1f} MB  {Path(r['path']).name}  (from {r['source']})")
+        else:
+            print(f"  {r['bytes'] / 1e6:9.1f} MB  compiled programs: {r['count']} files")
 
 
 if __name__ == "__main__":

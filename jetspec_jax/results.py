@@ -107,8 +107,9 @@ class GenerationResult:
                      f"{self.tokens_per_s:.1f} tok/s (compile + warm-up {self.compile_s:.1f} s)")
         if self.ar_tokens is not None:
             same = {None: "n/a (sampling)", True: "yes", False: "NO"}[self.ar_identical]
-            lines.append(f"  autoregressive: {self.ar_tokens_per_s:.1f} tok/s; speedup "
-                         f"{self.speedup:.2f}x; greedy outputs identical: {same}")
+            lines.append(f"  autoregressive: {self.ar_tokens_per_s:.1f} tok/s (compile + warm-up "
+                         f"{self.ar_compile_s:.1f} s); speedup {self.speedup:.2f}x; greedy "
+                         f"outputs identical: {same}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:

@@ -1,7 +1,13 @@
 """Fixtures shared by every test module."""
 
+import os
+
 import jax
 import pytest
+
+# Tests neither read nor fill the user's cache of converted targets and compiled programs
+# (tests/test_cache.py turns it on in a temporary directory).
+os.environ["JETSPEC_NO_CACHE"] = os.environ["JETSPEC_NO_COMPILE_CACHE"] = "1"
 
 
 @pytest.fixture(autouse=True)

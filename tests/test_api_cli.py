@@ -20,7 +20,7 @@ from helpers import tiny_head, tiny_target
 from jetspec_jax import api
 from jetspec_jax.cli import build_parser, main
 from jetspec_jax.decode.speculative import MAX_BUDGET
-from jetspec_jax.io import load as loading
+from jetspec_jax.io import sources
 from jetspec_jax.io.checkpoints import save_target
 from jetspec_jax.io.convert.hf import load_hf
 from jetspec_jax.io.heads import save_draft
@@ -134,7 +134,7 @@ def test_generate_path_mode_and_auto_budget_match_autoregressive(tiny, monkeypat
 def test_default_draft_path(tmp_path, monkeypatch):
     assert api.default_draft_path("tiny-dense") is None
     (tmp_path / "tiny-dense-jetspec").mkdir()
-    monkeypatch.setattr(loading, "CHECKPOINT_DIRS", (tmp_path,))
+    monkeypatch.setattr(sources, "CHECKPOINT_DIRS", (tmp_path,))
     assert api.default_draft_path("tiny-dense") == tmp_path / "tiny-dense-jetspec"
 
 
@@ -271,7 +271,8 @@ def test_bad_hf_architecture(capsys, tmp_path):
     (src / "config.json").write_text(json.dumps({**config,
                                                  "architectures": ["MistralForCausalLM"]}))
     err = cli_error(capsys, "convert", src, tmp_path / "out")
-    assert "unsupported architecture ['MistralForCausalLM']; supported:" in err
+    assert "mistral/config.json: unsupported architecture ['MistralForCausalLM'] (key " \
+        "'architectures'); supported:" in err
     assert not (tmp_path / "out").exists()
 
 

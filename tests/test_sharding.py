@@ -80,7 +80,7 @@ def test_bad_mesh_specs_are_named(spec, problem):
 
 
 def test_cli_reports_a_bad_mesh_before_loading(capsys):
-    code = main(["generate", "--model", "no/such/model", "--mesh", "tp=2,xp=4"])
+    code = main(["generate", "--mesh", "tp=2,xp=4"])  # the embedded model: not loaded
     assert code == 2
     assert "unknown axis 'xp'" in capsys.readouterr().err
 

@@ -33,8 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from jetspec_jax.decode.tree import DraftTree
-
-DEFAULT_BUCKETS = (16, 32, 64, 128, 256)
+from jetspec_jax.options import GPU_BUCKETS as DEFAULT_BUCKETS  # jax-free: the CLI reads it
 
 
 def prefix_tree(tree: DraftTree, n: int) -> DraftTree:

@@ -19,7 +19,7 @@ from jetspec_jax.model.sharding import constrain_state
 # Default prompt tokens per prefill pass. One pass over the whole prompt holds [B, H, P, S]
 # attention scores: the AR program of 311 MATH500 prompts (832 tokens) in SmolLM2 needed 34.1 GiB
 # of temporaries on the CPU, 20.8 in chunks of 256 (docs/experiments.md).
-PREFILL_CHUNK = 256
+from jetspec_jax.options import PREFILL_CHUNK  # jax-free: the CLI reads it
 
 
 def prefill(params, cfg: ModelConfig, prompt, prompt_lens, cache: KVCache, *,

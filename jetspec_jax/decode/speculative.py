@@ -33,8 +33,7 @@ from jetspec_jax.model.cache import KVCache
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.sharding import constrain_state
 
-MAX_BUDGET = 1024
-DRAFT_MODES = ("per_depth", "path")
+from jetspec_jax.options import DRAFT_MODES, MAX_BUDGET  # jax-free: the CLI reads it
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-METHODS = ("accum_logp", "top2gap", "chain")
+from jetspec_jax.options import TREE_METHODS as METHODS  # jax-free: the CLI reads it
 
 
 @flax.struct.dataclass

@@ -23,16 +23,12 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from jetspec_jax.io.sources import FORMAT, CheckpointError, read_info  # noqa: F401 (re-exported)
 from jetspec_jax.model.config import ConfigError, ModelConfig
 from jetspec_jax.model.params import check_params, target_specs
 from jetspec_jax.model.sharding import param_shardings
 
-FORMAT = 1
 PARAMS_DIR, TOKENIZER_DIR = "params", "tokenizer"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that is incomplete, corrupt or of the wrong kind."""
 
 
 def save_tree(path: str | Path, tree, config: dict[str, Any], *, kind: str,
@@ -64,20 +60,6 @@ def save_tree(path: str | Path, tree, config: dict[str, Any], *, kind: str,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
-
-
-def read_info(path: str | Path, kind: str | None = None) -> tuple[dict, dict]:
-    """(config dict, metadata dict) of the checkpoint at path, checked for kind."""
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"no checkpoint directory at {path}")
-    meta = _read_json(path / "metadata.json", path, "(incomplete, or not written by jetspec_jax)")
-    config = _read_json(path / "config.json", path, "")
-    if kind is not None and meta.get("kind") != kind:
-        raise CheckpointError(f"{path} holds a {meta.get('kind')!r} checkpoint, not {kind!r}")
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r} is not {FORMAT}")
-    return config, meta
 
 
 def carried_metadata(path: str | Path, kind: str) -> dict:
@@ -160,14 +142,3 @@ def load_target_checkpoint(path: str | Path, *, dtype=None, sharding=None):
         tokenizer = Tokenizer.from_hf_dir(path / TOKENIZER_DIR)
     return cfg, params, tokenizer
 
-
-def _read_json(file: Path, checkpoint: Path, hint: str) -> dict:
-    if not file.exists():
-        raise CheckpointError(f"{checkpoint} is not a checkpoint: no {file.name} {hint}".strip())
-    try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{file} is corrupt (not valid JSON): {e}") from e
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file} is corrupt: expected a JSON object")
-    return data

@@ -5,26 +5,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
+import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
 from jetspec_jax.draft.head import DraftConfig, draft_specs
-from jetspec_jax.io import convert
-from jetspec_jax.io.checkpoints import CheckpointError, load_target_checkpoint
+from jetspec_jax.io import cache, convert
+from jetspec_jax.io.checkpoints import CheckpointError, load_target_checkpoint, save_target
+from jetspec_jax.io.prompts import read_prompt_file  # noqa: F401  (re-exported)
+from jetspec_jax.io.sources import CHECKPOINT_DIRS, default_draft_path  # noqa: F401  (the same)
 from jetspec_jax.io.tokenizer import Tokenizer
 from jetspec_jax.model import layout, sharding
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.params import target_specs
+from jetspec_jax.options import DEFAULT_MODEL, DTYPE_NAMES
 
-DEFAULT_MODEL = "smollm2-135m"
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-# Where shipped heads live: the repository's checkpoints/ (editable install), or the package's.
-CHECKPOINT_DIRS = (Path(__file__).resolve().parents[2] / "checkpoints",
-                   Path(__file__).resolve().parents[1] / "checkpoints")
+DTYPES = {name: getattr(jnp, name) for name in DTYPE_NAMES}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -57,15 +56,19 @@ def resolve_dtype(dtype):
 
 
 def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
-                progress: bool = True, mesh=None, fuse: bool | None = None) -> Target:
+                progress: bool = True, mesh=None, fuse: bool | None = None,
+                use_cache: bool | None = None) -> Target:
     """Our checkpoint dir, an HF dir, a .gguf file or an embedded name (see
     `jetspec_jax.io.convert.load_target`) -> Target, weights cast to dtype.
 
     mesh: None (one device), a spec such as "tp=2" or a `Mesh`: the weights are sharded over
-    it (`jetspec_jax.model.sharding`); our checkpoints are read straight into the shards, other
-    formats are read whole, then sharded.
+    it (`jetspec_jax.model.sharding`); our checkpoints are read straight into the shards.
     fuse: the fused weight layout (`jetspec_jax.model.layout`: q/k/v and gate/up each one matmul).
-    None: on one GPU, where it measured 6% faster per token; not with a mesh."""
+    None: on one GPU, where it measured 6% faster per token; not with a mesh.
+    use_cache: convert an HF, GGUF or embedded source once into the user's cache
+    (`jetspec_jax.io.cache`) and read that copy from then on; None: unless JETSPEC_NO_CACHE=1.
+    JAX's compilation cache is switched on here too (unless JETSPEC_NO_COMPILE_CACHE=1)."""
+    cache.enable_compile_cache()
     mesh, dtype = sharding.as_mesh(mesh), resolve_dtype(dtype)
     if fuse is None:
         fuse = mesh is None and jax.default_backend() == "gpu"
@@ -73,15 +76,45 @@ def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
         raise ValueError("fuse=True needs one device: a sharded q/k/v concatenation would mix "
                          "q's heads with k's (load with fuse=False)")
     with _reading(source):
-        if mesh is not None and (Path(source) / "metadata.json").exists():
-            cfg, params, tokenizer = load_target_checkpoint(source, dtype=dtype, sharding=mesh)
+        ours = (Path(source) / "metadata.json").exists()
+        cached = None
+        if (not ours and (cache.targets_on() if use_cache is None else use_cache)
+                and cache.convertible(source)):
+            cached = cache.target_path(source, jnp.dtype(dtype).name)
+        converted = None
+        if cached is not None and not (cached / "metadata.json").exists():
+            converted = convert.load_target(source, dtype, progress=progress)
+            if _keep(cached, *converted, source, progress):
+                converted = None  # read back below: arrays placed as a checkpoint's are, so
+                #                   the compiled programs' keys match every later run's
+        if converted is None and (ours or cached is not None):
+            cfg, params, tokenizer = load_target_checkpoint(cached or source, dtype=dtype,
+                                                            sharding=mesh)
         else:
-            cfg, params, tokenizer = convert.load_target(source, dtype, progress=progress)
+            cfg, params, tokenizer = converted or convert.load_target(source, dtype,
+                                                                      progress=progress)
             if mesh is not None:
                 params = sharding.shard_params(params, target_specs(cfg), mesh)
     if fuse:  # in place: each layer's separate weights are freed once concatenated
         params = layout.fuse_projections(params, in_place=True)
     return Target(cfg, params, tokenizer, cfg.name, str(source), mesh)
+
+
+def _keep(path: Path, cfg, params, tokenizer, source, progress: bool) -> bool:
+    """Writes a converted target into the cache -> whether it is there now. A full or
+    read-only disk costs only the conversion next time; another process writing the same
+    entry first is fine."""
+    try:
+        save_target(path, params, cfg, tokenizer=tokenizer, metadata={"source": str(source)})
+    except FileExistsError:
+        return True
+    except OSError as e:
+        print(f"note: could not keep the converted {source} in the cache: {e}", file=sys.stderr)
+        return False
+    if progress:
+        print(f"note: converted {source} into {path}; later loads read it from there "
+              "(jetspec cache ls / clear)", file=sys.stderr)
+    return True
 
 
 @contextlib.contextmanager
@@ -104,56 +137,31 @@ def _reading(source):
         log.setLevel(level)
 
 
-def default_draft_path(target_name: str) -> Path | None:
-    """checkpoints/<target_name>-jetspec/ (repository or package) if it is there, else None."""
-    found = [d / f"{target_name}-jetspec" for d in CHECKPOINT_DIRS]
-    return next((p for p in found if p.is_dir()), None)
+def read_draft(path: str | Path, *, dtype=None) -> Draft:
+    """A draft head (our format or the reference's HF-style format) on its own, not yet checked
+    against a target: small, so the CLI reads it before the target and a broken one fails fast.
+    dtype: None keeps the stored one."""
+    from jetspec_jax.io import heads as head_io  # imported on use: the speculative path only
+
+    with _reading(path):
+        dcfg, params = head_io.load_any_draft(path, dtype=dtype)
+    return Draft(dcfg, params, str(path))
+
+
+def fit_draft(draft: Draft, target: Target, *, mesh=None) -> Draft:
+    """draft checked against target and sharded like it over mesh (default: the target's)."""
+    check_fits(draft, target)
+    mesh = target.mesh if mesh is None else sharding.as_mesh(mesh)
+    if mesh is None:
+        return draft
+    params = sharding.shard_params(draft.params, draft_specs(draft.dcfg), mesh)
+    return dataclasses.replace(draft, params=params)
 
 
 def load_draft(path: str | Path, target: Target, *, mesh=None) -> Draft:
     """A draft head (our format or the reference's HF-style format) checked against target,
     sharded like it over mesh (default: the target's)."""
-    from jetspec_jax.io import (  # imported on use: only the speculative path needs it
-        heads as head_io,
-    )
-
-    mesh = target.mesh if mesh is None else sharding.as_mesh(mesh)
-    with _reading(path):
-        dcfg, params = head_io.load_any_draft(path, dtype=target.dtype)
-    if mesh is not None:
-        params = sharding.shard_params(params, draft_specs(dcfg), mesh)
-    draft = Draft(dcfg, params, str(path))
-    check_fits(draft, target)
-    return draft
-
-
-def read_prompt_file(path: str | Path) -> list[str]:
-    """One prompt per non-blank line, or for .jsonl one {"prompt": ...} object per line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such prompt file: {path}")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"prompt file {path} is not UTF-8 text (byte {data[e.start]:#04x} at "
-                         f"offset {e.start}); save it as UTF-8") from None
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    if not lines:
-        raise ValueError(f"prompt file {path} holds no prompts (it is empty or blank)")
-    if path.suffix != ".jsonl":
-        return [line for _, line in lines]
-    return [_jsonl_prompt(path, n, line) for n, line in lines]
-
-
-def _jsonl_prompt(path: Path, n: int, line: str) -> str:
-    try:
-        prompt = json.loads(line)["prompt"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        prompt = None
-    if not isinstance(prompt, str):
-        raise ValueError(f'{path}:{n}: expected a JSON object with a "prompt" string')
-    return prompt
+    return fit_draft(read_draft(path, dtype=target.dtype), target, mesh=mesh)
 
 
 def check_fits(draft: Draft, target: Target) -> None:

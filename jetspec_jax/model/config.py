@@ -185,61 +185,123 @@ def preset(name: str) -> ModelConfig:
         raise ConfigError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}") from None
 
 
-def from_hf_config(hf: dict[str, Any], name: str = "hf-model") -> ModelConfig:
-    """Builds a ModelConfig from a transformers `config.json` dict."""
-    archs = hf.get("architectures") or []
+_MISSING = object()
+
+
+class _Keys:
+    """Typed reads of an HF config dict; every missing or mistyped key is kept for one error."""
+
+    def __init__(self, hf: dict[str, Any]):
+        self.hf, self.problems = hf, []
+
+    def get(self, key: str, default=_MISSING, kind: str = "positive integer"):
+        value = self.hf.get(key, default)
+        if value is _MISSING:
+            self.problems.append(f"missing key {key!r}")
+        elif value is None and default is None:
+            return None
+        elif not _KINDS[kind](value):
+            self.problems.append(f"key {key!r} must be a {kind}, got {value!r}")
+        else:
+            return value
+        return 1 if kind != "boolean" else False  # a stand-in, so the rest is still checked
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+_KINDS = {
+    "positive integer": lambda x: _is_int(x) and x > 0,
+    "non-negative integer": lambda x: _is_int(x) and x >= 0,
+    "positive number": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0,
+    "boolean": lambda x: isinstance(x, bool),
+    "token id or list of token ids": lambda x: _is_int(x) or (
+        isinstance(x, list) and all(_is_int(i) for i in x)),
+    "list of layer indices": lambda x: isinstance(x, list) and all(_is_int(i) for i in x),
+    "list of class names": lambda x: isinstance(x, list) and all(isinstance(a, str) for a in x),
+    "object": lambda x: isinstance(x, dict),
+}
+
+
+def from_hf_config(hf: dict[str, Any], name: str = "hf-model", where: str | None = None
+                   ) -> ModelConfig:
+    """Builds a ModelConfig from a transformers `config.json` dict. One ConfigError (prefixed
+    with `where`, the file) names every missing or mistyped key, or what is unsupported."""
+    prefix = f"{where}: " if where else ""
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{prefix}expected a JSON object of config keys, got "
+                          f"{type(hf).__name__}")
+    keys = _Keys(hf)
+    archs = keys.get("architectures", [], "list of class names")
     known = [a for a in archs if a in SUPPORTED_ARCHITECTURES]
     if not known:
         raise ConfigError(
-            f"unsupported architecture {archs or hf.get('model_type')!r}; "
-            f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+            f"{prefix}unsupported architecture {archs or hf.get('model_type')!r} (key "
+            f"'architectures'); supported: {sorted(SUPPORTED_ARCHITECTURES)}"
         )
     kind = SUPPORTED_ARCHITECTURES[known[0]]
     if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise ConfigError("attention or MLP biases are not supported")
-    if hf.get("rope_scaling"):
-        rope = hf["rope_scaling"]
-        if rope.get("rope_type", rope.get("type")) not in (None, "default"):
-            raise ConfigError(f"unsupported rope_scaling {rope!r}")
-    rope_theta = hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10_000.0))
-    eos = hf.get("eos_token_id")
+        raise ConfigError(f"{prefix}attention or MLP biases are not supported (keys "
+                          "'attention_bias', 'mlp_bias')")
+    rope = keys.get("rope_scaling", None, "object")
+    if rope and rope.get("rope_type", rope.get("type")) not in (None, "default"):
+        raise ConfigError(f"{prefix}unsupported rope_scaling {rope!r}")
+    params = keys.get("rope_parameters", None, "object") or {}
+    rope_theta = hf["rope_theta"] if "rope_theta" in hf else params.get("rope_theta", 10_000.0)
+    if not _KINDS["positive number"](rope_theta):
+        keys.problems.append(f"key 'rope_theta' must be a positive number, got {rope_theta!r}")
+        rope_theta = 1.0
+    eos = keys.get("eos_token_id", None, "token id or list of token ids")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-    num_heads = hf["num_attention_heads"]
+    width = keys.get("hidden_size")
+    num_heads = keys.get("num_attention_heads")
     cfg = dict(
         name=name,
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        num_layers=hf["num_hidden_layers"],
+        vocab_size=keys.get("vocab_size", kind="non-negative integer"),
+        hidden_size=width,
+        num_layers=keys.get("num_hidden_layers"),
         num_heads=num_heads,
-        num_kv_heads=hf.get("num_key_value_heads", num_heads),
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
-        intermediate_size=hf.get("intermediate_size", 0),
+        num_kv_heads=keys.get("num_key_value_heads", num_heads),
+        head_dim=keys.get("head_dim", None) or width // num_heads,
+        intermediate_size=keys.get("intermediate_size", 0, "non-negative integer"),
         rope_theta=float(rope_theta),
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rms_norm_eps=keys.get("rms_norm_eps", 1e-6, "positive number"),
         qk_norm=kind != "llama",
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embeddings=hf.get("max_position_embeddings", 4096),
+        tie_embeddings=keys.get("tie_word_embeddings", False, "boolean"),
+        max_position_embeddings=keys.get("max_position_embeddings", 4096),
         eos_token_ids=eos_ids,
     )
     if kind == "qwen3_moe":
-        step = hf.get("decoder_sparse_step", 1)
-        dense_only = set(hf.get("mlp_only_layers") or [])
+        step = keys.get("decoder_sparse_step", 1)
+        dense_only = set(keys.get("mlp_only_layers", None, "list of layer indices") or [])
         moe_layers = tuple(
             i for i in range(cfg["num_layers"]) if i not in dense_only and (i + 1) % step == 0
         )
         cfg.update(
-            num_experts=hf["num_experts"],
-            experts_per_token=hf["num_experts_per_tok"],
-            moe_intermediate_size=hf["moe_intermediate_size"],
-            norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+            num_experts=keys.get("num_experts"),
+            experts_per_token=keys.get("num_experts_per_tok"),
+            moe_intermediate_size=keys.get("moe_intermediate_size"),
+            norm_topk_prob=keys.get("norm_topk_prob", True, "boolean"),
             moe_layers=None if len(moe_layers) == cfg["num_layers"] else moe_layers,
         )
-    return ModelConfig(**cfg)
+    if keys.problems:
+        raise ConfigError(prefix + "; ".join(keys.problems))
+    try:
+        return ModelConfig(**cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}{e}") from None
 
 
 def load_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
+    """An HF checkpoint's config.json (or the directory holding it) -> ModelConfig; every
+    problem is one ConfigError naming the file (and the key)."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not file.exists():
         raise FileNotFoundError(f"no config.json at {file}")
-    return from_hf_config(json.loads(file.read_text()), name=name or file.parent.name)
+    try:
+        hf = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{file}: not valid JSON: {e}") from None
+    return from_hf_config(hf, name=name or file.parent.name, where=str(file))

