@@ -215,3 +215,26 @@ def test_a_full_queue_answers_429_and_the_rest_complete(ar_server):
     wait_idle(ar_server)
     m = metrics(ar_server)
     assert m[("jetspec_rejected_total", (("reason", "queue_full"),))] == codes.count(429)
+
+
+def test_row_sampler_mixes_greedy_and_sampled_rows_each_with_its_own_stream():
+    import jax
+    import jax.numpy as jnp
+
+    from jetspec_jax.decode.sampling import RowSampler, choose_tokens, split_key
+
+    logits = jax.random.normal(jax.random.key(0), (3, 5, 40))
+    keys = jax.random.split(jax.random.key(1), 3)
+    rows = RowSampler(temperature=jnp.asarray([0.0, 1.0, 1.0]), top_k=jnp.asarray([0, 1, 3]),
+                      top_p=jnp.asarray([1.0, 1.0, 0.5]))
+    out = np.asarray(choose_tokens(keys, logits, rows))
+    best = np.asarray(jnp.argmax(logits, -1))
+    assert (out[0] == best[0]).all() and (out[1] == best[1]).all()  # greedy; top_k=1
+    top3 = np.argsort(-np.asarray(logits[2]), -1)[:, :3]
+    assert all(t in row for t, row in zip(out[2], top3))
+    # Row 2's draws depend on its own key only, not on the rows beside it.
+    alone = choose_tokens(keys[2:], logits[2:], jax.tree.map(lambda x: x[2:], rows))
+    assert (np.asarray(alone)[0] == out[2]).all()
+    nxt, sub = split_key(keys)
+    assert nxt.shape == sub.shape == (3,) and not (jax.random.key_data(nxt[0])
+                                                   == jax.random.key_data(keys[0])).all()

@@ -236,10 +236,10 @@ class Server:
         self.engine.stop()
 
 
-def serve(engine: Engine, model_name: str, host: str, port: int) -> None:
+def serve(engine: Engine, model_name: str, host: str, port: int, log_level: str = "info") -> None:
     """Compiles the engine's programs, then serves until interrupted."""
     engine.start()
     try:
-        uvicorn.run(create_app(engine, model_name), host=host, port=port, log_level="info")
+        uvicorn.run(create_app(engine, model_name), host=host, port=port, log_level=log_level)
     finally:
         engine.stop()
