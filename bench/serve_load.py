@@ -3,10 +3,10 @@ model, requests arriving as a Poisson process with at most C in flight, C = 1 / 
 Reports requests/s, tokens/s, time to first token (TTFT), per-token latency after the first
 (TPOT) and end-to-end latency percentiles, as a table and as JSON (--out).
 
-  python bench/serve_load.py --quick --out /tmp/serve_cpu.json             # CPU, minutes
-  python bench/serve_load.py --out serve_smollm2.json                       # SmolLM2, shipped head
-  python bench/serve_load.py --random qwen3-8b --dtype bfloat16 --out q8.json  # cost only
-  python bench/serve_load.py --soak-minutes 10 --concurrency 32 --out soak.json
+  python -m bench.serve_load --quick --out /tmp/serve_cpu.json             # CPU, minutes
+  python -m bench.serve_load --out serve_smollm2.json                       # SmolLM2, shipped head
+  python -m bench.serve_load --random qwen3-8b --dtype bfloat16 --out q8.json  # cost only
+  python -m bench.serve_load --soak-minutes 10 --concurrency 32 --out soak.json
 
 Each mode's server runs in a child process on 127.0.0.1 (a free port), so the load generator
 does not share its interpreter. --random: random weights of a preset and a random 5-layer,
@@ -30,10 +30,8 @@ import random
 import socket
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_io import command_line, resume, write_json  # noqa: E402
+from bench.common.results_io import command_line, resume, write_json
 
 PROMPTS = (
     "Explain in three sentences why the sky is blue.",
@@ -52,13 +50,12 @@ MAX_STARTUP_S = 1800  # loading and compiling, at most
 
 
 def _serve(opts: dict, port: int) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from jetspec_jax import api
     from jetspec_jax.serve import app, engine
 
     api.exact_float32(opts["dtype"])
     if opts["random"]:
-        from bench_decode import random_params
+        from bench.common.models import random_params
         from jetspec_jax.draft import head as draft_head
         from jetspec_jax.io.tokenizer import Tokenizer
         from jetspec_jax.model import config, params as P

@@ -29,14 +29,14 @@ def start(target, draft, name, **config):
     return Server(engine, name).start()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tiny_models():
     tcfg, tparams = tiny_target("dense", seed=3, vocab=64)
     dcfg, dparams = tiny_head(tcfg, seed=4, block_size=5)
     return Target(tcfg, tparams, None, TINY), Draft(dcfg, dparams)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spec_server(tiny_models):
     server = start(*tiny_models, TINY, max_batch=8, slot_buckets=(8,), max_len=MAX_LEN,
                    budget=8, max_queue=32)
@@ -44,7 +44,7 @@ def spec_server(tiny_models):
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ar_server(tiny_models):
     server = start(tiny_models[0], None, TINY, max_batch=8, slot_buckets=(8,), max_len=MAX_LEN,
                    max_queue=16)
@@ -52,7 +52,7 @@ def ar_server(tiny_models):
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def smol():
     target = api.load_target("smollm2-135m", progress=False)
     draft = api.load_draft(api.default_draft_path(target.name), target)
