@@ -220,8 +220,9 @@ def soak(args, opts, result) -> int:
 
         ref = asyncio.run(references())
         print(f"references: {[len(r['ids']) for r in ref]} tokens", flush=True)
-        deadline = time.monotonic() + 60 * args.soak_minutes
-        bad, total, rows, batch = [], 0, [], 0
+        began = time.monotonic()
+        deadline = began + 60 * args.soak_minutes
+        bad, total, greedy_total, rows, batch = [], 0, 0, [], 0
         while time.monotonic() < deadline:
             kinds = {}
 
@@ -240,12 +241,14 @@ def soak(args, opts, result) -> int:
                 if problems:
                     bad.append(dict(prompt=p, greedy=greedy, stream=stream, problems=problems))
             total += n
+            greedy_total += sum(g for _, g, _ in kinds.values())
             batch += 1
             rows.append(summarise(results, wall))
             print(f"soak batch {batch}: {total} requests, {len(bad)} bad, "
                   f"{rows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
     result["soak"] = dict(minutes=args.soak_minutes, concurrency=args.concurrency[0],
-                          requests=total, bad=len(bad), failures=bad[:20],
+                          seconds=time.monotonic() - began, requests=total,
+                          greedy=greedy_total, bad=len(bad), failures=bad[:20],
                           tokens_per_s=sum(r["tokens"] for r in rows)
                           / sum(r["seconds"] for r in rows))
     return len(bad)
