@@ -1,5 +1,5 @@
-"""The `jetspec` command: convert | generate | bench | train-data | train-draft (thin wrappers
-over `jetspec_jax.api` and `jetspec_jax.train`).
+"""The `jetspec` command: convert | generate | bench | serve | train-data | train-draft (thin
+wrappers over `jetspec_jax.api`, `jetspec_jax.serve` and `jetspec_jax.train`).
 
     jetspec generate                      # SmolLM2-135M-Instruct, built-in prompt
     jetspec generate --prompt "Hi!" --draft checkpoints/smollm2-135m-jetspec --compare
@@ -7,6 +7,7 @@ over `jetspec_jax.api` and `jetspec_jax.train`).
     jetspec generate --draft-mode path --budget auto
     jetspec generate --stream --prompt "Tell me a story."
     jetspec bench --budgets 8 16 32 64 auto --out bench.json
+    jetspec serve --port 8000 --max-batch 16     # OpenAI-compatible HTTP server
     jetspec train-data --out runs/data --max-seqs 2000
     jetspec train-draft --data runs/data --out runs/head --steps 2000
     jetspec cache ls                      # converted targets and compiled programs kept
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     _convert_parser(sub)
     _generate_parser(sub)
     _bench_parser(sub)
+    _serve_parser(sub)
     _train_data_parser(sub)
     _train_draft_parser(sub)
     _cache_parser(sub)
@@ -375,6 +377,63 @@ def _load(args):
         print(f"note: no draft head for {target.name} (pass --draft PATH); decoding "
               "autoregressively", file=sys.stderr)
     return target, draft and fit_draft(draft, target)
+
+
+# ---- serve -----------------------------------------------------------------------------------
+
+
+def _serve_parser(sub) -> None:
+    p = _subparser(sub, "serve", "serve the model over HTTP (OpenAI-compatible)",
+                   "Serves /v1/completions, /v1/chat/completions, /v1/models, /health and "
+                   "/metrics with continuous batching: requests join free batch slots between "
+                   "speculative rounds (autoregressive steps with --no-draft) and leave them as "
+                   "soon as they finish. docs/serving.md.")
+    p.add_argument("--model", default=api.DEFAULT_MODEL,
+                   help="target: our checkpoint directory, an HF directory, a .gguf file or an "
+                   "embedded name (default: %(default)s, embedded)")
+    p.add_argument("--draft", metavar="PATH", help="draft head (default: checkpoints/<model "
+                   "name>-jetspec/ if it exists, else autoregressive)")
+    p.add_argument("--no-draft", action="store_true", help="serve autoregressively")
+    p.add_argument("--dtype", choices=sorted(api.DTYPES), default="float32",
+                   help="dtype the weights are cast to on load (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
+                   "%(default)s; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
+    p.add_argument("--served-model-name", metavar="NAME",
+                   help="the model id clients pass (default: the model's name)")
+    p.add_argument("--max-batch", type=positive_int, default=8, metavar="N",
+                   help="batch slots decoded together on the device (default: %(default)s)")
+    p.add_argument("--max-len", type=positive_int, default=2048, metavar="N",
+                   help="prompt + generated tokens per request at most, capped at the model's "
+                   "context (default: %(default)s); sizes the KV cache of every slot")
+    p.add_argument("--max-queue", type=positive_int, default=64, metavar="N",
+                   help="requests waiting for a slot before new ones get HTTP 429 "
+                   "(default: %(default)s)")
+    p.add_argument("--budget", type=budget_arg, metavar="N|auto",
+                   help="tree nodes verified per round, or 'auto': the tree size follows the "
+                   "number of active slots and each round's draft, from round costs measured "
+                   "at start-up per slot count (default: 64 on GPU, 4 on CPU)")
+    p.add_argument("--chunk", type=positive_int, metavar="N",
+                   help="rounds (steps without a head) per device call; requests join and "
+                   "leave between calls (default: 1 round, 4 steps)")
+    p.add_argument("--attn-impl", choices=api.ATTN_IMPLS, default="auto",
+                   help="attention implementation (as for generate; default: %(default)s)")
+    p.set_defaults(run=run_serve, mesh=None)
+
+
+def run_serve(args) -> None:
+    from jetspec_jax.serve import app, engine
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    config = engine.EngineConfig(max_batch=args.max_batch, max_len=args.max_len,
+                                 budget=args.budget, chunk=args.chunk, max_queue=args.max_queue,
+                                 attn_impl=args.attn_impl)
+    api.decoding_options(budget=args.budget, attn_impl=args.attn_impl)  # before loading
+    target, draft = _load(args, need_draft=False)
+    name = args.served_model_name or target.name
+    print(f"compiling the round programs for {args.max_batch} slots ...", file=sys.stderr)
+    app.serve(engine.Engine(target, draft, config), name, args.host, args.port)
 
 
 def run_generate(args) -> None:

@@ -9,7 +9,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.decode.sampling import Sampler, choose_tokens, split_key
+from jetspec_jax.decode.sampling import RowSampler, Sampler, choose_tokens, split_key
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache
 from jetspec_jax.model.config import ModelConfig
@@ -145,9 +145,19 @@ def ar_start(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int
              sampler: Sampler, stop_ids: tuple[int, ...], num_slots: int,
              attn_impl: str = "reference", cache_dtype=jnp.float32,
              prefill_chunk: int = PREFILL_CHUNK) -> ARState:
+    """Checks that the batch fits, then `ar_init`."""
+    check_capacity(prompt.shape[1], max_new, 1, cfg.max_position_embeddings, num_slots)
+    return ar_init(params, prompt, prompt_lens, key, cfg=cfg, max_new=max_new, sampler=sampler,
+                   stop_ids=stop_ids, num_slots=num_slots, attn_impl=attn_impl,
+                   cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
+
+
+def ar_init(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
+            sampler: Sampler | RowSampler, stop_ids: tuple[int, ...], num_slots: int,
+            attn_impl: str = "reference", cache_dtype=jnp.float32,
+            prefill_chunk: int = PREFILL_CHUNK) -> ARState:
     """Prefill and the first token. prefill_chunk: prompt tokens per prefill pass (`prefill`)."""
     b = prompt.shape[0]
-    check_capacity(prompt.shape[1], max_new, 1, cfg.max_position_embeddings, num_slots)
     cache = target.allocate_cache(cfg, b, num_slots, cache_dtype)
     logits, cache, _ = prefill(params, cfg, prompt, prompt_lens, cache, attn_impl=attn_impl,
                                chunk=prefill_chunk)

@@ -23,7 +23,7 @@ from jetspec_jax.decode.autoregressive import (
     loop_until_done,
     prefill,
 )
-from jetspec_jax.decode.sampling import Sampler, choose_tokens
+from jetspec_jax.decode.sampling import RowSampler, Sampler, choose_tokens, split_key
 from jetspec_jax.decode.tree import METHODS, build_trees, reachable_depth, topk_from_logits
 from jetspec_jax.decode.verify import accept, commit, verify_tree
 from jetspec_jax.draft import head as draft_head, path as path_draft
@@ -108,8 +108,8 @@ class SpecState:
 
 
 def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, state: SpecState, *,
-                      tree_spec: TreeSpec, sampler: Sampler, stop_ids, max_new: int,
-                      attn_impl: str) -> SpecState:
+                      tree_spec: TreeSpec, sampler: Sampler | RowSampler, stop_ids,
+                      max_new: int, attn_impl: str) -> SpecState:
     active = ~state.out.done
     dcache = draft_head.extend_context(dparams, dcfg, state.draft_cache, state.pending_taps,
                                        jnp.where(active, state.pending_count, 0))
@@ -127,7 +127,7 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, st
                                            width=width, attn_impl=attn_impl)
         logits, cache, taps = verify_tree(tparams, tcfg, state.cache, tree,
                                           taps=dcfg.tap_layers, attn_impl=attn_impl)
-        key, sub = jax.random.split(state.key)
+        key, sub = split_key(state.key)
         acc = accept(tree, choose_tokens(sub, logits, sampler), dcfg.depth)
         cache = commit(cache, acc, active)
         out = state.out.append(acc.committed_tokens(tree), acc.count, stop_ids, max_new)
@@ -159,7 +159,7 @@ def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, p
     logits, cache, prompt_taps = prefill(tparams, tcfg, prompt, prompt_lens, cache,
                                          taps=dcfg.tap_layers, attn_impl=attn_impl,
                                          chunk=prefill_chunk)
-    key, sub = jax.random.split(key)
+    key, sub = split_key(key)
     first = choose_tokens(sub, logits, sampler)
     out = Output.empty(b, max_new + blk).append(first[:, None], jnp.ones((b,), jnp.int32),
                                                  stop_ids, max_new)

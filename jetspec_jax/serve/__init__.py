@@ -1,0 +1,3 @@
+"""The OpenAI-compatible HTTP server: request models (`protocol`), the continuous-batching
+engine over the decoding loops (`engine`), the routes (`app`) and Prometheus metrics
+(`metrics`). `jetspec serve` starts it."""

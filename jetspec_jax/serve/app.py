@@ -1,0 +1,245 @@
+"""The HTTP routes: /v1/completions, /v1/chat/completions (the tokenizer's chat template),
+/v1/models, /health, /metrics. Bodies are checked before anything is queued (HTTP 400 naming
+the field, 429 when the queue is full); generations stream as server-sent events in OpenAI's
+chunk format; a client that goes away mid-stream frees its slot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from jetspec_jax.serve import protocol
+from jetspec_jax.serve.engine import Engine, QueueFull, Request
+from jetspec_jax.io.tokenizer import TokenizerError
+
+
+class BadRequest(Exception):
+    def __init__(self, param: str | None, message: str, status: int = 400):
+        super().__init__(message)
+        self.param, self.message, self.status = param, message, status
+
+
+class Text:
+    """A request's text so far from all its tokens (decoding them whole keeps the tokenizer's
+    spacing); a trailing U+FFFD (a character cut between tokens) and a tail that may begin a
+    stop string are held back until the next tokens settle them."""
+
+    def __init__(self, tokenizer, stops: list[str]):
+        self.tokenizer, self.stops = tokenizer, stops
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def add(self, ids: list[int], final: bool) -> tuple[str, bool]:
+        """-> (new text, whether a stop string ended it)."""
+        self.ids += ids
+        if self.tokenizer is None:
+            return "", False
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        hits = [i for i in (text.find(s, max(0, self.sent - len(s))) for s in self.stops)
+                if i >= 0]
+        stopped = bool(hits)
+        if stopped:
+            text, final = text[:min(hits)], True
+        if not final:
+            text = text.rstrip("\ufffd")
+            text = text[:len(text) - self._held(text)]
+        new = text[self.sent:]
+        self.sent = max(self.sent, len(text))
+        return new, stopped
+
+    def _held(self, text: str) -> int:
+        """Length of the longest tail of text that is a proper prefix of a stop string."""
+        return max((n for s in self.stops for n in range(1, len(s))
+                    if text.endswith(s[:n])), default=0)
+
+
+def create_app(engine: Engine, model_name: str) -> FastAPI:
+    app = FastAPI(title="JetSpec", docs_url=None, redoc_url=None)
+    tokenizer = engine.target.tokenizer
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_, exc: RequestValidationError):
+        err = exc.errors()[0]
+        if err.get("type") == "json_invalid":
+            return _error(BadRequest("body", f"malformed JSON: {err.get('msg', '')}"))
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        field = ".".join(loc) or "body"
+        msg = err.get("msg", "invalid value").removeprefix("Value error, ")
+        return _error(BadRequest(field, f"{field}: {msg}"))
+
+    @app.exception_handler(BadRequest)
+    async def bad(_, exc: BadRequest):
+        return _error(exc)
+
+    @app.get("/health")
+    async def health():
+        alive = engine.thread is not None and engine.thread.is_alive()
+        return JSONResponse({"status": "ok" if alive else "stopped"}, 200 if alive else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(engine.metrics.text(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [dict(id=model_name, object="model", created=0,
+                                                owned_by="jetspec")]}
+
+    @app.post("/v1/completions")
+    async def completions(body: protocol.CompletionRequest, http: HTTPRequest):
+        _check_model(body.model)
+        if isinstance(body.prompt, str):
+            if tokenizer is None:
+                raise BadRequest("prompt", "prompt: this model has no tokenizer; pass token ids")
+            ids = tokenizer.encode(body.prompt)
+        else:
+            ids = [int(t) for t in body.prompt]
+        return await _generate(body, ids, body.max_tokens, chat=False, field="prompt")
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: protocol.ChatRequest, http: HTTPRequest):
+        _check_model(body.model)
+        if tokenizer is None or not tokenizer.chat_template:
+            raise BadRequest("messages", "messages: this model's tokenizer has no chat "
+                             "template; use /v1/completions")
+        try:
+            ids = tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
+        except TokenizerError as e:
+            raise BadRequest("messages", f"messages: {e}") from None
+        limit = body.max_completion_tokens or body.max_tokens
+        return await _generate(body, ids, limit or max(1, engine.max_len - len(ids)), chat=True,
+                               field="messages")
+
+    def _check_model(name: str) -> None:
+        if name != model_name:
+            raise BadRequest("model", f"model: unknown model {name!r}; this server serves "
+                             f"{model_name!r}")
+
+    async def _generate(body: protocol.Sampling, ids: list[int], max_tokens: int, *, chat: bool,
+                        field: str):
+        try:
+            engine.check(ids, max_tokens, field)
+        except ValueError as e:
+            raise BadRequest(*e.args) from None
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        request = Request(ids, max_tokens,
+                          lambda *e: loop.call_soon_threadsafe(events.put_nowait, e),
+                          temperature=body.temperature, top_k=max(body.top_k, 0),
+                          top_p=body.top_p, seed=body.seed)
+        try:
+            engine.submit(request)
+        except QueueFull as e:
+            raise BadRequest(None, f"server busy: {e}; retry later", 429) from None
+        rid = protocol.new_id("chatcmpl" if chat else "cmpl")
+        text = Text(tokenizer, body.stops)
+        pieces = _pieces(request, events, text)
+        if body.stream:
+            return StreamingResponse(_sse(rid, body, chat, len(ids), request, pieces),
+                                     media_type="text/event-stream")
+        parts, finish = [], None
+        try:
+            async for delta, _, finish in pieces:
+                parts.append(delta)
+        except RuntimeError as e:
+            return _error(BadRequest(None, str(e), 500))
+        finally:
+            request.cancel()
+        token_ids = text.ids if body.return_token_ids else None
+        return protocol.completion(rid, model_name, chat, "".join(parts), finish,
+                                   protocol.usage(len(ids), len(text.ids)), token_ids)
+
+    async def _sse(rid, body, chat, prompt_len, request, pieces):
+        def event(obj) -> str:
+            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+        ids = body.return_token_ids
+        try:
+            if chat:
+                yield event(protocol.chunk(rid, model_name, True, "", None, role=True))
+            count = 0
+            async for delta, new, finish in pieces:
+                count += len(new)
+                if delta or finish or (ids and new):
+                    yield event(protocol.chunk(rid, model_name, chat, delta, finish,
+                                               token_ids=new if ids else None))
+            yield event(protocol.chunk(rid, model_name, chat, None, None,
+                                       used=protocol.usage(prompt_len, count)))
+        except RuntimeError as e:
+            yield event(protocol.error(str(e), kind="server_error"))
+        finally:
+            request.cancel()  # no-op when finished; frees the slot of a client that left
+        yield "data: [DONE]\n\n"
+
+    return app
+
+
+async def _pieces(request: Request, events: asyncio.Queue, text: Text):
+    """-> (new text, new token ids, finish reason or None) as the engine delivers them; a stop
+    string ends the request. Raises RuntimeError when the engine failed it."""
+    while True:
+        ids, finish, error = await events.get()
+        if error is not None:
+            raise RuntimeError(error)
+        delta, stopped = text.add(ids, final=finish is not None)
+        if stopped:
+            request.cancel("stop")
+            yield delta, ids, "stop"
+            return
+        yield delta, ids, None if finish == "cancelled" else finish
+        if finish is not None:
+            return
+
+
+def _error(exc: BadRequest) -> JSONResponse:
+    kind = {429: "rate_limit_error", 500: "server_error"}.get(exc.status, "invalid_request_error")
+    return JSONResponse(protocol.error(exc.message, exc.param, kind), exc.status)
+
+
+class Server:
+    """The app on uvicorn in a background thread (tests, benchmarks): start() returns once it
+    listens; stop() shuts it and the engine down."""
+
+    def __init__(self, engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0,
+                 log_level: str = "warning"):
+        self.engine = engine
+        config = uvicorn.Config(create_app(engine, model_name), host=host, port=port,
+                                log_level=log_level, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="jetspec-http", daemon=True)
+
+    def start(self, timeout: float = 60.0) -> "Server":
+        if self.engine.thread is None:
+            self.engine.start()
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the HTTP server did not start")
+            time.sleep(0.02)
+        return self
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join()
+        self.engine.stop()
+
+
+def serve(engine: Engine, model_name: str, host: str, port: int, log_level: str = "info") -> None:
+    """Compiles the engine's programs, then serves until interrupted."""
+    engine.start()
+    try:
+        uvicorn.run(create_app(engine, model_name), host=host, port=port, log_level=log_level)
+    finally:
+        engine.stop()
