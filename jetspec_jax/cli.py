@@ -388,13 +388,13 @@ def _serve_parser(sub) -> None:
                    "/metrics with continuous batching: requests join free batch slots between "
                    "speculative rounds (autoregressive steps with --no-draft) and leave them as "
                    "soon as they finish. docs/serving.md.")
-    p.add_argument("--model", default=api.DEFAULT_MODEL,
+    p.add_argument("--model", default=options.DEFAULT_MODEL,
                    help="target: our checkpoint directory, an HF directory, a .gguf file or an "
                    "embedded name (default: %(default)s, embedded)")
     p.add_argument("--draft", metavar="PATH", help="draft head (default: checkpoints/<model "
                    "name>-jetspec/ if it exists, else autoregressive)")
     p.add_argument("--no-draft", action="store_true", help="serve autoregressively")
-    p.add_argument("--dtype", choices=sorted(api.DTYPES), default="float32",
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="dtype the weights are cast to on load (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
                    "%(default)s; 0.0.0.0 for every interface)")
@@ -416,21 +416,26 @@ def _serve_parser(sub) -> None:
     p.add_argument("--chunk", type=positive_int, metavar="N",
                    help="rounds (steps without a head) per device call; requests join and "
                    "leave between calls (default: 1 round, 4 steps)")
-    p.add_argument("--attn-impl", choices=api.ATTN_IMPLS, default="auto",
+    p.add_argument("--attn-impl", default="auto", metavar="IMPL",
                    help="attention implementation (as for generate; default: %(default)s)")
-    p.set_defaults(run=run_serve, mesh=None)
+    p.set_defaults(run=run_serve, check=check_serve, mesh=None, prompt=None, prompt_file=None)
+
+
+def check_serve(args) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    _check_model_and_prompts(args, [], need_draft=False)
 
 
 def run_serve(args) -> None:
+    from jetspec_jax import api
     from jetspec_jax.serve import app, engine
 
-    if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port must be in 0..65535, got {args.port}")
     config = engine.EngineConfig(max_batch=args.max_batch, max_len=args.max_len,
                                  budget=args.budget, chunk=args.chunk, max_queue=args.max_queue,
                                  attn_impl=args.attn_impl)
     api.decoding_options(budget=args.budget, attn_impl=args.attn_impl)  # before loading
-    target, draft = _load(args, need_draft=False)
+    target, draft = _load(args)
     name = args.served_model_name or target.name
     print(f"compiling the round programs for {args.max_batch} slots ...", file=sys.stderr)
     app.serve(engine.Engine(target, draft, config), name, args.host, args.port)
