@@ -625,7 +625,7 @@ TRAIN_HEADS = ("dflash", "eagle", "jetspec")
 TRAIN_DEFAULTS = dict(head="jetspec", head_layers=5, block_size=16, num_taps=5, steps=2000,
                       batch_size=8, num_anchors=16, warmup_steps=100, anchor_chunk=32,
                       ckpt_every=200, log_every=10, eval_every=200, eval_batches=4,
-                      tau_prompts=4, tau_max_new=64, tree_budget=64, start_step=0, seed=0,
+                      tau_prompts=4, tau_max_new=64, tree_budget=64, start_step=None, seed=0,
                       lr=6e-4, gamma=7.0, depth1_weight=None, peak_flops=7.9e14,
                       prefix_fill=0.0)
 
