@@ -13,9 +13,6 @@ too); `save_target` / `load_target_checkpoint` add the target's config and shape
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from jetspec_jax.io.files import write_dir_atomic
 from jetspec_jax.io.sources import FORMAT, CheckpointError, read_info  # noqa: F401 (re-exported)
 from jetspec_jax.model.config import ConfigError, ModelConfig
 from jetspec_jax.model.params import check_params, target_specs
@@ -38,9 +36,8 @@ def save_tree(path: str | Path, tree, config: dict[str, Any], *, kind: str,
     path = Path(path).absolute()
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
         with ocp.StandardCheckpointer() as ckptr:
             ckptr.save(tmp / PARAMS_DIR, tree)
@@ -49,17 +46,8 @@ def save_tree(path: str | Path, tree, config: dict[str, Any], *, kind: str,
         dtypes = sorted({str(x.dtype) for x in jax.tree.leaves(tree)})
         info = {"kind": kind, "format": FORMAT, "dtypes": dtypes, **(metadata or {})}
         (tmp / "metadata.json").write_text(json.dumps(info, indent=1))
-        if path.exists():  # overwrite: swap the old one out before deleting it
-            old = path.with_name(f".{path.name}.{uuid.uuid4().hex}.old")
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+
+    return write_dir_atomic(path, fill)
 
 
 def carried_metadata(path: str | Path, kind: str) -> dict:

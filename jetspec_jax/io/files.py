@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -30,3 +33,24 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 def write_json(path: str | os.PathLike, data: Any) -> None:
     write_text(path, json.dumps(data, indent=1) + "\n")
+
+
+def write_dir_atomic(path: str | os.PathLike, fill: Callable[[Path], Any]) -> Path:
+    """Runs `fill(dir)` on a temporary folder beside `path`, then swaps it in as `path` (an old
+    one is renamed aside before it is deleted), so `path` is never half written."""
+    path = Path(path).absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    try:
+        fill(tmp)
+        if path.exists():
+            old = path.with_name(f".{path.name}.{uuid.uuid4().hex}.old")
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path

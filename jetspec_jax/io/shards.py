@@ -13,9 +13,6 @@ whole tree. Written to a hidden sibling directory and renamed into place.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from jetspec_jax.io.checkpoints import CheckpointError
+from jetspec_jax.io.files import write_dir_atomic
 
 HEADER = "jetspec_jax"
 MAX_BYTES = 15 * 2**20
@@ -64,24 +62,14 @@ def save_shards(path: str | Path, tree, config: dict, *, kind: str, metadata: di
     if too_big:
         raise ValueError(f"tensors too large for the {max_bytes}-byte file limit: {too_big}")
     header = header.replace('"num_files": 0}', f'"num_files": {len(groups)}}}')
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         for i, keys in enumerate(groups, 1):
             save_file({k: np.ascontiguousarray(flat[k]) for k in keys},
                       tmp / f"part-{i:05d}-of-{len(groups):05d}.safetensors",
                       metadata={HEADER: header})
-        if path.exists():
-            old = path.with_name(f".{path.name}.{uuid.uuid4().hex}.old")
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+
+    return write_dir_atomic(path, fill)
 
 
 def is_shard_export(path: str | Path) -> bool:
