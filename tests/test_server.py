@@ -209,9 +209,10 @@ def test_a_full_queue_answers_429_and_the_rest_complete(ar_server):
         return httpx.post(ar_server.url + "/v1/completions", timeout=60, json=dict(
             model=TINY, prompt=[i % 60 + 1], max_tokens=MAX_LEN - 1, temperature=0))
 
-    with futures.ThreadPoolExecutor(60) as pool:  # 8 slots + 16 waiting at most
+    with futures.ThreadPoolExecutor(60) as pool:  # 16 waiting at most; slots fill at rounds
         codes = [r.status_code for r in pool.map(post, range(60))]
-    assert set(codes) == {200, 429} and codes.count(200) >= 24
+    # the first 16 arrivals always find room in the queue, and every admitted request completes
+    assert set(codes) == {200, 429} and codes.count(200) >= 16
     wait_idle(ar_server)
     m = metrics(ar_server)
     assert m[("jetspec_rejected_total", (("reason", "queue_full"),))] == codes.count(429)
