@@ -50,6 +50,16 @@ def run_once(cache: Path, extra: list[str]) -> dict:
     return row
 
 
+def gpu_name() -> str | None:
+    """The first NVIDIA GPU's name, without importing JAX (None on a CPU machine)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
 def main() -> None:
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -69,7 +79,7 @@ def main() -> None:
         import platform
 
         write_json(args.out, dict(command=command_line(), machine=platform.machine(),
-                                  cpus=os.cpu_count(),
+                                  cpus=os.cpu_count(), gpu=gpu_name(),
                                   date=time.strftime("%Y-%m-%d"), runs=rows))
         print(f"wrote {args.out}")
     if not args.keep:
