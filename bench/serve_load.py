@@ -72,7 +72,8 @@ def _serve(opts: dict, port: int) -> None:
     if opts["mode"] == "autoregressive":
         draft = None
     config = engine.EngineConfig(max_batch=opts["max_batch"], max_len=opts["max_len"],
-                                 budget=opts["budget"], max_queue=opts["max_queue"])
+                                 budget=opts["budget"], max_queue=opts["max_queue"],
+                                 chunk=opts["chunk"] if opts["mode"] == "speculative" else None)
     app.serve(engine.Engine(target, draft, config), "bench", "127.0.0.1", port, "warning")
 
 
@@ -281,13 +282,16 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=0,
                     help="requests per concurrency level (default: 4 x C, at least 8)")
     ap.add_argument("--rate", type=float, default=0,
-                    help="Poisson arrival rate, requests/s (default: 2 x C per second)")
+                    help="Poisson arrival rate, requests/s (default: 2 x C per second, where "
+                    "tokens/s at low C is the offered load; 1e9 keeps C in flight: capacity)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--max-queue", type=int, default=256)
     ap.add_argument("--budget", default=None, help="tree budget or 'auto' (default: the "
                     "server's)")
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="speculative rounds per device call (default: the server's)")
     ap.add_argument("--modes", nargs="+", default=["speculative", "autoregressive"],
                     choices=["speculative", "autoregressive"])
     ap.add_argument("--quick", action="store_true",
@@ -301,12 +305,13 @@ def main() -> int:
         args.requests, args.max_batch, args.max_len = args.requests or 8, 4, 256
     if args.soak_minutes and len(args.concurrency) != 1:
         ap.error("--soak-minutes takes one --concurrency")
-    if min(args.concurrency) < 1 or args.max_tokens < 1 or args.soak_minutes < 0:
-        ap.error("--concurrency and --max-tokens must be >= 1, --soak-minutes >= 0")
+    if min(args.concurrency) < 1 or args.max_tokens < 1 or args.soak_minutes < 0 \
+            or (args.chunk is not None and args.chunk < 1):
+        ap.error("--concurrency, --max-tokens and --chunk must be >= 1, --soak-minutes >= 0")
     budget = args.budget if args.budget in (None, "auto") else int(args.budget)
     opts = dict(model=args.model, draft=args.draft, random=args.random, dtype=args.dtype,
                 max_batch=args.max_batch, max_len=args.max_len, max_queue=args.max_queue,
-                budget=budget)
+                budget=budget, chunk=args.chunk)
     result = resume(args.out if args.resume else None, command_line(),
                     dict(date=time.strftime("%Y-%m-%d"), options=opts, rows=[]))
     if args.soak_minutes:
@@ -316,17 +321,17 @@ def main() -> int:
         print(json.dumps(result["soak"], indent=1))
         return 1 if bad else 0
     done = {(r["mode"], r["concurrency"]) for r in result["rows"]}
-    rng = random.Random(0)
     for mode in args.modes:
         todo = [c for c in args.concurrency if (mode, c) not in done]
         if not todo:
             continue
         with ChildServer({**opts, "mode": mode}) as server:
-            asyncio.run(run_load(server.url, 1, 2, 1e9, args.max_tokens, rng))  # warm-up
+            asyncio.run(run_load(server.url, 1, 2, 1e9, args.max_tokens, random.Random(0)))
             for c in todo:
                 n = args.requests or max(8, 4 * c)
+                # the same arrival times for every mode at a level: a paired comparison
                 results, wall = asyncio.run(run_load(server.url, c, n, args.rate or 2.0 * c,
-                                                     args.max_tokens, rng))
+                                                     args.max_tokens, random.Random(c)))
                 result["rows"].append(dict(mode=mode, concurrency=c, **summarise(results, wall)))
                 print(table(result["rows"][-1:]).splitlines()[-1], flush=True)
                 if args.out:

@@ -415,7 +415,7 @@ def _serve_parser(sub) -> None:
                    "at start-up per slot count (default: 64 on GPU, 4 on CPU)")
     p.add_argument("--chunk", type=positive_int, metavar="N",
                    help="rounds (steps without a head) per device call; requests join and "
-                   "leave between calls (default: 1 round, 4 steps)")
+                   "leave between calls (default: 4)")
     p.add_argument("--attn-impl", default="auto", metavar="IMPL",
                    help="attention implementation (as for generate; default: %(default)s)")
     p.set_defaults(run=run_serve, check=check_serve, mesh=None, prompt=None, prompt_file=None)

@@ -47,7 +47,7 @@ class EngineConfig:
     max_batch: int = 8  # batch slots on the device
     max_len: int = 2048  # prompt + generated tokens of one request, at most
     budget: int | str | None = None  # tree nodes per round, "auto", None: `api.default_budget`
-    chunk: int | None = None  # rounds (steps without a head) per device call; None: 1 (4)
+    chunk: int | None = None  # rounds (steps without a head) per device call; None: 4
     max_queue: int = 64  # requests waiting for a slot, at most
     attn_impl: str = "auto"
     slot_buckets: tuple[int, ...] | None = None  # active-slot counts compiled for; None: auto
@@ -159,7 +159,9 @@ class Engine:
         self.max_len = min(config.max_len, target.cfg.max_position_embeddings)
         opts = api.decoding_options(budget=config.budget, attn_impl=config.attn_impl)
         self.buckets = config.slot_buckets or slot_buckets(config.max_batch)
-        self.chunk = config.chunk or (1 if draft else 4)
+        # 4 per call: the host's per-call work costs about as much as a round of a small
+        # model on a GPU (docs/serving.md)
+        self.chunk = config.chunk or 4
         tok = target.tokenizer
         self.stop_ids = tuple(int(s) for s in (tok and tok.eos_token_ids)
                               or target.cfg.eos_token_ids)
