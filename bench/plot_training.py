@@ -1,0 +1,68 @@
+"""Plot training logs (`metrics.jsonl` of `jetspec train-draft`): held-out tau and per-depth KL
+against steps, the training loss beside them.
+
+  python -m bench.plot_training \
+      bench/results/training/train_smollm2_3layer_256anchors_h200_2026-12-01.jsonl \
+      bench/results/training/train_smollm2_3layer_256anchors_from445_h200_2026-12-02.jsonl \
+      --labels "first run" "resumed from step 445" --out docs/img/training_curves.png
+
+Left: held-out tau at the tree budget the trainer evaluates with; middle: held-out KL per draft
+depth at each evaluation (darker = later step); right: training loss. Prints the eval rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import matplotlib
+matplotlib.use("Agg")  # headless: bench machines have no display
+import matplotlib.pyplot as plt
+
+from bench.common.results_io import write_atomic
+
+
+def read_log(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("logs", nargs="+")
+    ap.add_argument("--labels", nargs="+")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    labels = args.labels or args.logs
+    if len(labels) != len(args.logs):
+        ap.error("give one --labels entry per log")
+    fig, (tau_ax, kl_ax, loss_ax) = plt.subplots(1, 3, figsize=(15, 4.2))
+    for i, (path, label) in enumerate(zip(args.logs, labels)):
+        rows = read_log(path)
+        evals = [r for r in rows if "eval" in r]
+        color = f"C{i}"
+        loss_ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], color=color,
+                     lw=0.8, label=label)
+        if not evals:
+            continue
+        tau_ax.plot([r["step"] for r in evals], [r["eval"]["tau"] for r in evals], "o-",
+                    color=color, label=label)
+        for j, r in enumerate(evals):
+            kl = r["eval"]["kl"]
+            kl_ax.plot(range(1, len(kl) + 1), kl, color=color, alpha=0.3 + 0.7 * (j + 1) / len(evals),
+                       label=f"{label}, step {r['step']}")
+            print(f"{label}: step {r['step']}: tau {r['eval']['tau']:.2f}, KL depth 1 {kl[0]:.2f}"
+                  f", depth {len(kl)} {kl[-1]:.2f}")
+    tau_ax.set(xlabel="step", ylabel="held-out tau (tokens per round)", title="acceptance")
+    kl_ax.set(xlabel="draft depth", ylabel="held-out KL(target || head)", title="KL by depth")
+    loss_ax.set(xlabel="step", ylabel="training loss", title="loss")
+    for ax in (tau_ax, kl_ax, loss_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    write_atomic(args.out, lambda f: fig.savefig(f, dpi=110, format="png"))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
