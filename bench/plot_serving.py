@@ -8,14 +8,9 @@ concurrency, one line per (result file, mode).
 
 from __future__ import annotations
 
-import argparse
 import json
 
-import matplotlib
-matplotlib.use("Agg")  # headless: bench machines have no display
-import matplotlib.pyplot as plt
-
-from bench.common.results_io import write_atomic
+from bench.common.plots import files_labels_out, plt, save_png
 
 PANELS = (("tpot_s_p50", 1e3, "per-token latency p50 (ms)"),
           ("latency_s_p50", 1.0, "request latency p50 (s)"),
@@ -25,14 +20,8 @@ STYLES = ("o-", "s--", "^:", "D-.")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", nargs="+")
-    ap.add_argument("--labels", nargs="+")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    labels = args.labels or args.results
-    if len(labels) != len(args.results):
-        ap.error("give one --labels entry per result file")
+    args = files_labels_out(__doc__, "results")
+    labels = args.labels
     fig, axes = plt.subplots(1, len(PANELS), figsize=(14, 4))
     for path, label, style in zip(args.results, labels, STYLES):
         with open(path) as f:
@@ -51,9 +40,7 @@ def main() -> None:
         ax.set(xscale="log", xlabel="concurrency (requests in flight at most)", ylabel=name)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    write_atomic(args.out, lambda f: fig.savefig(f, dpi=110, format="png"))
-    print(f"wrote {args.out}")
+    save_png(fig, args.out)
 
 
 if __name__ == "__main__":

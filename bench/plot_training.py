@@ -12,14 +12,9 @@ depth at each evaluation (darker = later step); right: training loss. Prints the
 
 from __future__ import annotations
 
-import argparse
 import json
 
-import matplotlib
-matplotlib.use("Agg")  # headless: bench machines have no display
-import matplotlib.pyplot as plt
-
-from bench.common.results_io import write_atomic
+from bench.common.plots import files_labels_out, plt, save_png
 
 
 def read_log(path: str) -> list[dict]:
@@ -28,14 +23,8 @@ def read_log(path: str) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("logs", nargs="+")
-    ap.add_argument("--labels", nargs="+")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    labels = args.labels or args.logs
-    if len(labels) != len(args.logs):
-        ap.error("give one --labels entry per log")
+    args = files_labels_out(__doc__, "logs")
+    labels = args.labels
     fig, (tau_ax, kl_ax, loss_ax) = plt.subplots(1, 3, figsize=(15, 4.2))
     for i, (path, label) in enumerate(zip(args.logs, labels)):
         rows = read_log(path)
@@ -59,9 +48,7 @@ def main() -> None:
     for ax in (tau_ax, kl_ax, loss_ax):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    write_atomic(args.out, lambda f: fig.savefig(f, dpi=110, format="png"))
-    print(f"wrote {args.out}")
+    save_png(fig, args.out)
 
 
 if __name__ == "__main__":
