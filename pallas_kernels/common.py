@@ -23,10 +23,6 @@ def next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def round_up(x: int, m: int) -> int:
-    return cdiv(x, m) * m
-
-
 def pack_rows(q, num_kv_heads: int, padded_rows: int, padded_head_dim: int | None = None):
     """q [B, T, N, H] -> [B, K, Rp, Hp]: the G = N / K query heads sharing a KV head and the T
     queries become rows r = t * G + g (zero-padded to Rp rows, and to Hp head dims)."""

@@ -26,16 +26,8 @@ SUPPORTED_ARCHITECTURES = {
 # (NVIDIA GPU: split-K weight streaming for M <= 32 rows, per pair for few MoE pairs, expert-
 # major for many), XLA elsewhere; "tuned" the dense kernel only for the shapes where this
 # device's table (pallas_kernels/gemv/tuned_<gpu>.json) says it beats XLA, the MoE kernels as
-# "pallas"; "pallas_interpret" the kernels in interpret mode (CPU tests); "fused" one-token
-# decode layers as four kernels, each a projection group with its RMSNorm or residual add
-# folded in (`pallas_kernels.gemv.fused_gemv`; NVIDIA GPU; opt-in: 3% slower than "xla" on
-# the H200's Qwen3-8B step), every other projection as "xla" and MoE experts as "pallas";
-# "fused_interpret" those kernels in interpret mode; "mosaic" the dense projections of up to
-# 32 rows through the Mosaic GPU kernel for sm_90 (`pallas_kernels/gemv/hopper.py`; opt-in:
-# 4.93 against 4.75 ms for "xla" on the H200's Qwen3-8B step), MoE experts as "pallas"; "mosaic_interpret" in interpret mode.
-FUSED_MATMULS = ("fused", "fused_interpret")
-MATMUL_IMPLS = ("auto", "xla", "pallas", "tuned", "pallas_interpret", "mosaic",
-                "mosaic_interpret") + FUSED_MATMULS
+# "pallas"; "pallas_interpret" the kernels in interpret mode (CPU tests).
+MATMUL_IMPLS = ("auto", "xla", "pallas", "tuned", "pallas_interpret")
 
 
 class ConfigError(ValueError):

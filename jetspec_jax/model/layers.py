@@ -8,7 +8,6 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.model.config import FUSED_MATMULS
 from pallas_kernels.gemv import grouped_matmul_sorted, grouped_small_m_matmul, small_m_matmul
 
 
@@ -36,10 +35,9 @@ def project(eq, x, w, matmul_impl="xla", out_dtype=None):
     """A dense projection `einsum(eq, x, w)` whose contracted axes are x's last and w's first
     (e.g. "BTNH,NHD->BTD"). matmul_impl (`ModelConfig.matmul_impl`) other than "xla" runs it
     as x [M, K] @ w [K, N] through `pallas_kernels.gemv`: the kernel where it serves, or for
-    "tuned" only where this device's table says it beats XLA, for "mosaic" the Mosaic GPU
-    kernel ("_interpret": in interpret mode). The fused impls run `target`'s
-    one-token layers in their own kernels and every other projection here as "xla"."""
-    if matmul_impl == "xla" or matmul_impl in FUSED_MATMULS:
+    "tuned" only where this device's table says it beats XLA ("_interpret": in interpret
+    mode)."""
+    if matmul_impl == "xla":
         return jnp.einsum(eq, x, w, preferred_element_type=out_dtype)
     x_axes, rest = eq.split(",")
     w_axes, out_axes = rest.split("->")
@@ -49,7 +47,7 @@ def project(eq, x, w, matmul_impl="xla", out_dtype=None):
     lead, tail = x.shape[:-c], w.shape[c:]
     base = matmul_impl.removesuffix("_interpret")
     y = small_m_matmul(x.reshape(math.prod(lead), -1), w.reshape(-1, math.prod(tail)),
-                       impl=base if base in ("tuned", "mosaic") else "auto",
+                       impl="tuned" if base == "tuned" else "auto",
                        interpret=matmul_impl.endswith("_interpret"), out_dtype=out_dtype)
     return y.reshape(lead + tail)
 

@@ -8,17 +8,14 @@ Decoding, prefill, tree verification and training all go through it.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
 from jetspec_jax.model.cache import KVCache, write_slots
-from jetspec_jax.model.config import FUSED_MATMULS, ModelConfig
+from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.layers import moe, project, rms_norm, rope, swiglu
 from jetspec_jax.model.layout import split_qkv
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
-from pallas_kernels.gemv import fused_gemv
 from pallas_kernels.tree_attention import cache_attention
 
 # attn_impl values the model adds to the cache-attention ones: one decode token per sequence
@@ -115,52 +112,12 @@ def mlp_block(p, cfg: ModelConfig, x):
 
 def decoder_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start, block_mask,
                   attn_impl):
-    """One layer over the residual stream x [B, T, D] -> (x, k_cache, v_cache). With
-    matmul "fused" a one-token step runs as fused projection kernels where they serve."""
-    if cfg.matmul in FUSED_MATMULS and x.shape[1] == 1:
-        try:
-            return _fused_gemv_layer(p, cfg, x, positions, k_cache, v_cache, write_start,
-                                     block_mask, attn_impl)
-        except NotImplementedError:
-            pass
+    """One layer over the residual stream x [B, T, D] -> (x, k_cache, v_cache)."""
     eps = cfg.rms_norm_eps
     h, k_cache, v_cache = attention_block(p, cfg, rms_norm(x, p["attn_norm"], eps), positions,
                                           k_cache, v_cache, write_start, block_mask, attn_impl)
     x = x + h
     return x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], eps)), k_cache, v_cache
-
-
-def _fused_gemv_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start,
-                      block_mask, attn_impl):
-    """A one-token layer in four projection kernels (`fused_gemv`): attention norm + q/k/v,
-    o + residual, MLP norm + gate and up, down + residual (a MoE MLP runs unfused).
-    Raises NotImplementedError (before anything is emitted) where the kernel cannot serve."""
-    b, _, d = x.shape
-    gemv = functools.partial(fused_gemv, eps=cfg.rms_norm_eps,
-                             interpret=cfg.matmul == "fused_interpret")
-    rows = x.reshape(b, d)
-    if "qkv" in p:  # the fused layout: one weight, split after
-        (qkv,) = gemv(rows, [p["qkv"]], p["attn_norm"])
-        q, k, v = split_qkv(qkv, cfg)
-    else:
-        q, k, v = gemv(rows, [p[n].reshape(d, -1) for n in ("q", "k", "v")], p["attn_norm"])
-        q, k, v = (t.reshape(b, -1, cfg.head_dim) for t in (q, k, v))
-    out, k_cache, v_cache = attend(p, cfg, q[:, None], k[:, None], v[:, None], positions,
-                                   k_cache, v_cache, write_start, block_mask, attn_impl)
-    (rows,) = gemv(out.reshape(b, -1), [p["o"].reshape(-1, d)], residual=rows)
-    if "router" in p:
-        x = rows.reshape(b, 1, d)
-        return x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)), \
-            k_cache, v_cache
-    # gate and up as two outputs (one weight a program) and SiLU x up in XLA's split-K
-    # epilogue: faster on the H200 than the kernel's paired SwiGLU form
-    if "gate_up" in p:
-        gate, up = jnp.split(gemv(rows, [p["gate_up"]], p["mlp_norm"])[0], 2, axis=-1)
-    else:
-        gate, up = gemv(rows, [p["gate"], p["up"]], p["mlp_norm"])
-    act = jax.nn.silu(gate) * up
-    (rows,) = gemv(act, [p["down"]], residual=rows)
-    return rows.reshape(b, 1, d), k_cache, v_cache
 
 
 def forward(params, cfg: ModelConfig, tokens, positions, cache: KVCache, write_start,

@@ -1,14 +1,12 @@
 """Weight-streaming matmuls for few rows (decode projections): x [M, K] @ w [K, N], M <= 32,
 and its grouped form for MoE experts, y[p] = x[p] @ w[experts[p]]; for MoE passes with many
 pairs, the expert-major grouped matmul over rows sorted by expert (`grouped_matmul_sorted`,
-the contract of `lax.ragged_dot`); and for one-token decode layers, a projection group with
-its RMSNorm and its SwiGLU or residual add in one kernel (`fused_gemv`).
+the contract of `lax.ragged_dot`).
 
 Implementations: `xla` and `pallas` (split-K, Triton lowering, any NVIDIA GPU);
 `impl="auto"` picks one for the device and falls back to XLA; `impl="tuned"` (dense) uses the
 kernel only for the shapes of this device's tuned table (`tuned_<device>.json`)."""
 
-from pallas_kernels.gemv.api import (fused_gemv, grouped_matmul_sorted, grouped_small_m_matmul,
-                                     small_m_matmul)
+from pallas_kernels.gemv.api import grouped_matmul_sorted, grouped_small_m_matmul, small_m_matmul
 
-__all__ = ["fused_gemv", "grouped_matmul_sorted", "grouped_small_m_matmul", "small_m_matmul"]
+__all__ = ["grouped_matmul_sorted", "grouped_small_m_matmul", "small_m_matmul"]

@@ -14,8 +14,6 @@ impl:
             weights, then a batched matvec; sorted: `lax.ragged_dot`).
   "pallas"  the Triton-lowered kernel; raises NotImplementedError for operands it cannot
             serve.
-  "mosaic"  (dense only) the Mosaic GPU kernel for sm_90 (`hopper.py`: TMA + wgmma) where it
-            serves, else XLA.
 """
 
 from __future__ import annotations
@@ -26,12 +24,10 @@ import jax.numpy as jnp
 from pallas_kernels import common
 from pallas_kernels.gemv.config import tuned_gemv_config
 from pallas_kernels.gemv.expert_major import grouped_matmul_sorted_pallas
-from pallas_kernels.gemv.fused import fused_gemv_pallas
 from pallas_kernels.gemv.grouped import grouped_small_m_matmul_pallas
-from pallas_kernels.gemv.hopper import small_m_matmul_hopper
 from pallas_kernels.gemv.kernel import MAX_ROWS, small_m_matmul_pallas
 
-IMPLS = ("auto", "tuned", "xla", "pallas", "mosaic")
+IMPLS = ("auto", "tuned", "xla", "pallas")
 GROUPED_IMPLS = ("auto", "xla", "pallas")
 
 
@@ -68,29 +64,17 @@ def _dispatch(impl, impls, rows_ok, kernel, xla, interpret):
 def small_m_matmul(x, w, *, impl: str = "auto", interpret: bool = False, config=None,
                    out_dtype=None):
     """x [M, K] @ w [K, N] -> [M, N] in out_dtype (default x.dtype), float32 accumulation.
-    config: a `GemvConfig` for the kernel ("mosaic": a `HopperGemvConfig`; None: heuristic
-    from the shapes, or for "tuned" the table's entry)."""
+    config: a `GemvConfig` for the kernel (None: heuristic from the shapes, or for "tuned" the
+    table's entry)."""
     if impl == "tuned" and config is None:
         config = tuned_gemv_config(x.shape[0], x.shape[1], w.shape[-1], x.dtype)
         if config is None:
             impl = "xla"
-    kernel = small_m_matmul_hopper if impl == "mosaic" else small_m_matmul_pallas
     return _dispatch(
         impl, IMPLS, x.shape[0] <= MAX_ROWS,
-        lambda: kernel(x, w, out_dtype=out_dtype, config=config, interpret=interpret),
+        lambda: small_m_matmul_pallas(x, w, out_dtype=out_dtype, config=config,
+                                      interpret=interpret),
         lambda: _xla(x, w, out_dtype), interpret)
-
-
-def fused_gemv(x, weights, norm_weight=None, residual=None, *, eps: float = 1e-6,
-               swiglu: bool = False, interpret: bool = False, config=None):
-    """A decode layer's projection group in one kernel (`fused.fused_gemv_pallas`: optional
-    RMSNorm of x, several weights, SwiGLU or residual epilogue) -> a tuple of outputs, on an
-    NVIDIA GPU or with interpret=True. Raises NotImplementedError elsewhere and for operands
-    the kernel cannot serve: the caller runs the unfused layer instead."""
-    if not (interpret or _on_nvidia_gpu()):
-        raise NotImplementedError("fused GEMV kernel: needs an NVIDIA GPU or interpret=True")
-    return fused_gemv_pallas(x, tuple(weights), norm_weight, residual, eps=eps, swiglu=swiglu,
-                             config=config, interpret=interpret)
 
 
 def grouped_small_m_matmul(x, w, experts, *, impl: str = "auto", interpret: bool = False,
