@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from jetspec_jax.decode import adaptive, streaming
 from jetspec_jax.decode.autoregressive import PREFILL_CHUNK, ar_generate, check_capacity
 from jetspec_jax.draft.head import draft_specs
-from jetspec_jax.model import layout, sharding
+from jetspec_jax.model import kernels as kernels_lib, layout, sharding
 from jetspec_jax.io.load import (  # noqa: F401  (re-exported: the API's loading half)
     CHECKPOINT_DIRS, DEFAULT_MODEL, DTYPES, Draft, Target, check_fits, default_draft_path,
     load_draft, load_target, read_prompt_file, resolve_dtype)
@@ -39,11 +39,8 @@ from jetspec_jax.io.tokenizer import TokenizerError
 from jetspec_jax.model.params import target_specs
 from jetspec_jax.options import CPU_BUCKETS  # jax-free: the CLI help reads it too
 from jetspec_jax.results import GenerationResult, format_mix  # noqa: F401
-from pallas_kernels.tree_attention.api import IMPLEMENTATIONS
 
-ATTN_IMPLS = ("auto", *IMPLEMENTATIONS, "fused")  # "fused": target.FUSED_IMPLS
 AUTO_BUCKETS = None  # tree sizes budget="auto" picks from each round; None: `auto_buckets()`
-_NO_GPU_IMPLS = ("auto", "reference", "xla")
 
 __all__ = ["Target", "Draft", "GenerationResult", "load_target", "load_draft",
            "default_draft_path", "generate", "stream", "StreamChunk", "bench",
@@ -61,17 +58,11 @@ def exact_float32(dtype) -> None:
         jax.config.update("jax_default_matmul_precision", "highest")
 
 
-def resolve_attn_impl(attn_impl: str) -> str:
-    """Checks the impl against this machine; "auto" becomes "reference" without a GPU."""
-    if attn_impl not in ATTN_IMPLS:
-        raise ValueError(f"unknown attention impl {attn_impl!r}; choose from {ATTN_IMPLS}")
-    backend = jax.default_backend()
-    if backend == "gpu":
-        return attn_impl
-    if attn_impl not in _NO_GPU_IMPLS:
-        raise ValueError(f"attention impl {attn_impl!r} needs a GPU; this machine has only "
-                         f"{backend.upper()} devices; use --attn-impl reference")
-    return "reference"
+def resolve_kernels(target: Target, attn_impl: str = "auto", matmul_impl: str = "auto",
+                    mesh=None) -> kernels_lib.Kernels:
+    """The kernels `generate` runs for this target on this machine and mesh."""
+    return kernels_lib.choose(attn_impl, matmul_impl, moe=target.cfg.is_moe,
+                              sharded=mesh is not None and mesh.size > 1)
 
 
 def auto_buckets() -> tuple[int, ...]:
@@ -94,12 +85,14 @@ def default_budget() -> int:
 class Options:
     sampler: Sampler
     tree_spec: TreeSpec  # auto: budget max(auto_buckets()); buckets come with measured costs
-    attn_impl: str  # resolved for this machine
+    attn_impl: str  # checked against this machine; `kernels.choose` resolves it per model
+    matmul_impl: str
     auto: bool = False  # budget="auto"
 
 
 def decoding_options(*, budget=None, width=7, tree="accum_logp", draft_mode="per_depth",
-                     temperature=0.0, top_k=0, top_p=1.0, attn_impl="auto") -> Options:
+                     temperature=0.0, top_k=0, top_p=1.0, attn_impl="auto",
+                     matmul_impl="auto") -> Options:
     """Validates the decoding flags (cheap: the CLI calls it before loading a model)."""
     auto = isinstance(budget, str) and budget == "auto"
     if isinstance(budget, str) and not auto:
@@ -107,7 +100,8 @@ def decoding_options(*, budget=None, width=7, tree="accum_logp", draft_mode="per
     if budget is None:
         budget = default_budget()
     spec = TreeSpec(max(auto_buckets()) if auto else budget, width, tree, draft_mode)
-    return Options(Sampler(temperature, top_k, top_p), spec, resolve_attn_impl(attn_impl), auto)
+    kernels_lib.choose(attn_impl, matmul_impl)  # names and the machine checked up front
+    return Options(Sampler(temperature, top_k, top_p), spec, attn_impl, matmul_impl, auto)
 
 
 # ---- prompts -> one padded batch -------------------------------------------------------------
@@ -222,13 +216,13 @@ _COSTS: dict = {}  # (configs, dtypes, batch shape, tree options, attention, mes
 
 
 def adaptive_spec(target: Target, draft: Draft, tparams, dparams, prompt, spec: TreeSpec,
-                  attn_impl: str, mesh) -> tuple[TreeSpec, float]:
+                  kernels: kernels_lib.Kernels, mesh) -> tuple[TreeSpec, float]:
     """budget="auto": the adaptive TreeSpec over `auto_buckets()`. A round's cost per bucket is
     measured once per (target, head, batch shape, tree options) and kept, as compiled code is
     (`adaptive.measure_costs`: it depends on shapes, not weights). -> (spec, seconds spent
     measuring, 0 when cached)."""
     key = (target.cfg, target.dtype, draft.dcfg, dparams["fc"].dtype, prompt.shape,
-           spec.width, spec.method, spec.draft_mode, attn_impl, mesh, auto_buckets())
+           spec.width, spec.method, spec.draft_mode, kernels, mesh, auto_buckets())
     seconds = 0.0
     if key not in _COSTS:
         start = time.perf_counter()
@@ -236,7 +230,7 @@ def adaptive_spec(target: Target, draft: Draft, tparams, dparams, prompt, spec: 
             _COSTS[key] = adaptive.measure_costs(
                 tparams, target.cfg, dparams, draft.dcfg, buckets=auto_buckets(),
                 width=spec.width, method=spec.method, draft_mode=spec.draft_mode,
-                batch=prompt.shape[0], context_len=prompt.shape[1], attn_impl=attn_impl,
+                batch=prompt.shape[0], context_len=prompt.shape[1], kernels=kernels,
                 cache_dtype=target.dtype)
         seconds = time.perf_counter() - start
     return adaptive.auto_tree_spec(_COSTS[key], width=spec.width, method=spec.method,
@@ -268,13 +262,13 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
              budget: int | str | None = None, width: int = 7, tree: str = "accum_logp",
              draft_mode: str = "per_depth", temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, chat: bool = True,
-             stop_ids: Sequence[int] | None = None, attn_impl: str = "auto", mesh=None,
-             prefill_chunk: int = PREFILL_CHUNK) -> _Run:
+             stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
+             matmul_impl: str = "auto", mesh=None, prefill_chunk: int = PREFILL_CHUNK) -> _Run:
     """`generate`'s options checked, the prompts encoded and batched, and the weights and
     batch placed on the mesh."""
     opts = decoding_options(budget=budget, width=width, tree=tree, draft_mode=draft_mode,
                             temperature=temperature, top_k=top_k, top_p=top_p,
-                            attn_impl=attn_impl)
+                            attn_impl=attn_impl, matmul_impl=matmul_impl)
     if draft is not None:
         check_fits(draft, target)
     ids = encode_prompts(target, prompts, chat=chat)
@@ -287,21 +281,20 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
     mesh = target.mesh if mesh is None else sharding.as_mesh(mesh)
     tparams, dparams = target.params, draft and draft.params
     prompt, lens, key = batch.prompt, batch.lens, jax.random.key(seed)
-    attn = opts.attn_impl
     if mesh is not None:  # weights already placed by load_target / load_draft are not moved
         if layout.is_fused(tparams):  # sharding knows the separate layout only
             tparams = layout.split_projections(tparams, target.cfg)
         tparams = sharding.shard_params(tparams, target_specs(target.cfg), mesh)
         dparams = draft and sharding.shard_params(dparams, draft_specs(draft.dcfg), mesh)
         prompt, lens, key = sharding.replicate((prompt, lens, key), mesh)
-        if mesh.size > 1 and attn in ("auto", "fused"):  # GSPMD splits XLA attention by
-            attn = "reference"  # head, not the Pallas kernels' custom calls (docs/sharding.md)
+    kernels = resolve_kernels(target, opts.attn_impl, opts.matmul_impl, mesh)
     static = dict(max_new=max_new_tokens, sampler=opts.sampler,
                   stop_ids=tuple(int(s) for s in stop_ids), num_slots=batch.num_slots,
-                  attn_impl=attn, cache_dtype=jnp.dtype(target.dtype), prefill_chunk=prefill_chunk)
+                  kernels=kernels, cache_dtype=jnp.dtype(target.dtype),
+                  prefill_chunk=prefill_chunk)
     measure_s = 0.0
     if draft is not None and opts.auto:
-        spec, measure_s = adaptive_spec(target, draft, tparams, dparams, prompt, spec, attn,
+        spec, measure_s = adaptive_spec(target, draft, tparams, dparams, prompt, spec, kernels,
                                         mesh)
     return _Run(ids, opts, spec, measure_s, (prompt, lens, key), tparams, dparams, static, mesh)
 
@@ -312,7 +305,7 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
              draft_mode: str = "per_depth", temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, chat: bool = True,
              stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
-             compare_autoregressive: bool = False, mesh=None,
+             matmul_impl: str = "auto", compare_autoregressive: bool = False, mesh=None,
              prefill_chunk: int = PREFILL_CHUNK) -> GenerationResult:
     """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
 
@@ -320,21 +313,25 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
     tree size from `auto_buckets()` by expected tokens per second (`adaptive_spec`);
     draft_mode: "per_depth" or "path" (path-conditioned trees, docs/drafting_variants.md);
     chat: wrap text prompts in the chat template; stop_ids: None means the tokenizer's eos
-    ids; compare_autoregressive: also time autoregressive decoding of the same batch (with a
-    draft only); mesh: where to decode (None: the target's mesh, or one device), a spec such
-    as "tp=2" or a `Mesh`; prefill_chunk: prompt tokens per prefill pass (smaller: less memory
-    for long prompts in big batches; `decode.prefill` refuses a bad one while tracing, before
+    ids; attn_impl, matmul_impl: kernel names (`jetspec_jax.model.kernels`; "auto": the
+    fastest measured for the model on this machine); compare_autoregressive: also time
+    autoregressive decoding of the same batch (with a draft only); mesh: where to decode
+    (None: the target's mesh, or one device), a spec such as "tp=2" or a `Mesh`;
+    prefill_chunk: prompt tokens per prefill pass (smaller: less memory for long prompts in
+    big batches; `decode.prefill` refuses a bad one while tracing, before
     anything compiles)."""
     run = _prepare(target, prompts, draft, max_new_tokens=max_new_tokens, budget=budget,
                    width=width, tree=tree, draft_mode=draft_mode, temperature=temperature,
                    top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop_ids=stop_ids,
-                   attn_impl=attn_impl, mesh=mesh, prefill_chunk=prefill_chunk)
+                   attn_impl=attn_impl, matmul_impl=matmul_impl, mesh=mesh,
+                   prefill_chunk=prefill_chunk)
 
     def autoregressive():
         return run.call(_timed, ar_generate, (run.tparams, *run.args),
                         dict(cfg=target.cfg, **run.static))
 
-    common = dict(prompt_lens=list(map(len, run.ids)), attn_impl=run.static["attn_impl"],
+    common = dict(prompt_lens=list(map(len, run.ids)),
+                  attn_impl=run.static["kernels"].attention,
                   greedy=run.opts.sampler.greedy)
     if draft is None:
         out, compile_s, seconds = autoregressive()

@@ -249,11 +249,11 @@ def _model_flags(p, *, without_head: str) -> None:
                    help="per_depth: the tree from the head's per-depth guesses; path: then "
                    "re-grown from a second head pass conditioned on each node's own path "
                    "(docs/drafting_variants.md) (default: %(default)s)")
-    p.add_argument("--attn-impl", default="auto", metavar="IMPL",
-                   help="attention implementation: auto picks the best GPU kernel (on a "
-                   "GPU, one-token steps run the fused kernel: q/k norm, RoPE, cache write and "
-                   "attention in one), or the XLA reference on CPU; the Pallas kernels "
-                   "(portable/triton, mosaic/hopper, decode) and fused need a GPU "
+    p.add_argument("--attn-impl", default="auto", metavar="|".join(options.ATTN_IMPLS),
+                   help="attention kernel: auto is fused_decode on a GPU (one-token steps in "
+                   "one kernel: q/k norm, RoPE, cache write and attention; the rest through "
+                   "the best tree-attention kernel) and the XLA reference on a CPU; the Pallas "
+                   "kernels (portable, hopper, decode, fused_decode) need a GPU "
                    "(default: %(default)s)")
     p.add_argument("--no-chat", action="store_true",
                    help="feed prompts as raw text instead of wrapping them in the chat template")
@@ -341,6 +341,7 @@ def check_generate(args) -> None:
     check_numbers(max_new_tokens=args.max_new_tokens, budget=args.budget, width=args.width,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   prefill_chunk=args.prefill_chunk)
+    options.check_kernel_name("attention", args.attn_impl, options.ATTN_IMPLS)
     _check_model_and_prompts(args, [BUILTIN_PROMPT], need_draft=False)
     if args.stream and (len(args.prompts) != 1 or args.compare):
         raise ValueError("--stream prints one generation as it is made: give one prompt and "
@@ -351,6 +352,7 @@ def check_generate(args) -> None:
 def check_bench(args) -> None:
     for budget in args.budgets:
         check_numbers(max_new_tokens=args.max_new_tokens, budget=budget, width=args.width)
+    options.check_kernel_name("attention", args.attn_impl, options.ATTN_IMPLS)
     if args.out:
         check_out_file(args.out, "--out")
     _check_model_and_prompts(args, list(BENCH_PROMPTS), need_draft=True)
@@ -416,14 +418,15 @@ def _serve_parser(sub) -> None:
     p.add_argument("--chunk", type=positive_int, metavar="N",
                    help="rounds (steps without a head) per device call; requests join and "
                    "leave between calls (default: 4)")
-    p.add_argument("--attn-impl", default="auto", metavar="IMPL",
-                   help="attention implementation (as for generate; default: %(default)s)")
+    p.add_argument("--attn-impl", default="auto", metavar="|".join(options.ATTN_IMPLS),
+                   help="attention kernel (as for generate; default: %(default)s)")
     p.set_defaults(run=run_serve, check=check_serve, mesh=None, prompt=None, prompt_file=None)
 
 
 def check_serve(args) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    options.check_kernel_name("attention", args.attn_impl, options.ATTN_IMPLS)
     _check_model_and_prompts(args, [], need_draft=False)
 
 
@@ -514,7 +517,9 @@ def run_bench(args) -> None:
     if args.out:
         info = dict(model=args.model, draft=draft.path, prompts=prompts,
                     max_new_tokens=args.max_new_tokens, tree=args.tree, width=args.width,
-                    draft_mode=args.draft_mode, attn_impl=api.resolve_attn_impl(args.attn_impl),
+                    draft_mode=args.draft_mode,
+                    attn_impl=api.resolve_kernels(target, args.attn_impl,
+                                                  mesh=target.mesh).attention,
                     dtype=args.dtype, backend=jax.default_backend(), mesh=args.mesh, rows=rows)
         write_json(args.out, info)
         print(f"wrote {args.out}")

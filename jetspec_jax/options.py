@@ -12,6 +12,16 @@ MAX_BUDGET = 1024  # tree nodes verified per round at most
 PREFILL_CHUNK = 256  # prompt tokens per prefill pass
 GPU_BUCKETS = (16, 32, 64, 128, 256)  # tree sizes budget="auto" picks from on a GPU
 CPU_BUCKETS = (4, 8, 16, 32)  # on a CPU, where verifying costs nearly linearly in nodes
+ATTENTION_KERNELS = ("reference", "portable", "hopper", "decode", "fused_decode")
+MATMUL_KERNELS = ("xla", "pallas", "tuned")
+ATTN_IMPLS = ("auto", *ATTENTION_KERNELS)  # what --attn-impl takes (`model.kernels.choose`)
+
+
+def check_kernel_name(kind: str, name: str, names: tuple[str, ...]) -> None:
+    """A kernel name among `names` ("attention" or "matmul" kernels), else one line naming
+    the choices."""
+    if name not in names:
+        raise ValueError(f"unknown {kind} kernel {name!r}; choose from {', '.join(names)}")
 
 
 def decoding_problems(*, max_new_tokens=1, budget=None, width=1, temperature=0.0, top_k=0,

@@ -30,7 +30,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 VOCAB = 32
 CHAT = ("{% for m in messages %}<user> {{ m['content'] }} {% endfor %}"
         "{% if add_generation_prompt %}<bot>{% endif %}")
-GPU_ONLY = ("mosaic", "triton", "portable", "decode")
+GPU_ONLY = ("hopper", "portable", "decode", "fused_decode")
 AUTO = (4, 8)  # api.AUTO_BUCKETS in the tests: the defaults (up to 256 nodes) compile slowly
 PATH_PROMPTS = ("w1 w2 w3", "w4")
 
@@ -386,8 +386,16 @@ def test_bad_no_tokenizer_or_chat_template(tiny):
 @pytest.mark.parametrize("impl", GPU_ONLY)
 def test_bad_gpu_only_attn_impl_on_cpu(capsys, impl):
     err = cli_error(capsys, "generate", "--attn-impl", impl)
-    assert (f"attention impl {impl!r} needs a GPU; this machine has only CPU devices; "
-            "use --attn-impl reference") in err
+    assert (f"attention kernel {impl!r} needs a GPU; this machine has only CPU devices; "
+            "use reference") in err
+
+
+@pytest.mark.parametrize("old", ["xla", "triton", "mosaic", "fused"])
+def test_old_attn_impl_names_get_a_one_line_error_listing_the_choices(capsys, old):
+    err = cli_error(capsys, "generate", "--attn-impl", old)
+    assert err.strip().count("\n") == 0
+    assert (f"unknown attention kernel {old!r}; choose from auto, reference, portable, hopper, "
+            "decode, fused_decode") in err
 
 
 def test_cli_train_data_then_train_draft_then_generate(tiny, capsys, tmp_path):

@@ -131,8 +131,8 @@ def test_bad_output_paths(capsys, tmp_path):
 
 
 def test_unknown_attn_impl(capsys):
-    assert "unknown attention impl 'x'; choose from ('auto', 'reference'" in one_line_error(
-        capsys, "generate", "--attn-impl", "x", "--draft", HEAD)
+    assert "unknown attention kernel 'x'; choose from auto, reference, portable" in \
+        one_line_error(capsys, "generate", "--attn-impl", "x", "--draft", HEAD)
 
 
 def test_checks_run_before_jax_is_imported(tmp_path):
@@ -144,7 +144,8 @@ def test_checks_run_before_jax_is_imported(tmp_path):
              ["generate", "--prompt-file", str(tmp_path / "none.txt")],
              ["bench", "--out", str(tmp_path / "no" / "b.json")],
              ["generate", "--model", str(hf_copy(tmp_path, "[1]"))],
-             ["generate", "--model", str(tmp_path / "absent")]]
+             ["generate", "--model", str(tmp_path / "absent")],
+             ["generate", "--attn-impl", "mosaic"], ["serve", "--attn-impl", "fused"]]
     code = ("import sys; from jetspec_jax.cli import main\n"
             f"codes = [main(a) for a in {cases!r}]\n"
             "print(codes, 'jax' in sys.modules)")
@@ -156,7 +157,7 @@ def test_checks_run_before_jax_is_imported(tmp_path):
 
 def test_help_needs_no_jax():
     code = ("import sys, contextlib, io\nfrom jetspec_jax.cli import main\n"
-            "for c in ([], ['generate'], ['bench'], ['convert'], ['train-data'],"
+            "for c in ([], ['generate'], ['bench'], ['serve'], ['convert'], ['train-data'],"
             " ['train-draft'], ['cache']):\n"
             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):"
             "\n        main([*c, '--help'])\n"

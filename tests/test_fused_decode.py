@@ -27,6 +27,7 @@ import pytest
 
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import write_slots
+from jetspec_jax.model.kernels import Kernels, choose
 from jetspec_jax.model.layers import rms_norm, rope
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
 from pallas_kernels.decode_attention.config import DecodeConfig
@@ -40,7 +41,7 @@ KEY_TOL = {jnp.dtype(jnp.float32): dict(atol=1e-6, rtol=2e-7),
 EPS = 1e-6
 # On a GPU the same tests check the compiled kernel against XLA's unfused path.
 INTERPRET = jax.default_backend() != "gpu"
-FUSED = "fused_interpret" if INTERPRET else "fused"  # the model's attn_impl for the kernel
+FUSED = Kernels("fused_decode", interpret=INTERPRET)  # the model's kernels for the kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,27 +218,34 @@ def test_model_decode_with_fused_kernel_matches_reference(kind):
     cache = target.allocate_cache(cfg, 2, 16, jnp.float32)
     _, cache, _ = prefill(params, cfg, prompt, lens, cache)
     token = jnp.array([[7], [11]], jnp.int32)
-    impls = ("reference", FUSED)
+    impls = (Kernels(), FUSED)
     step = {impl: jax.jit(lambda c, impl=impl: target.forward(
-                params, cfg, token, lens[:, None], c, lens, attn_impl=impl)[:2])(cache)
+                params, cfg, token, lens[:, None], c, lens, kernels=impl)[:2])(cache)
             for impl in impls}
-    (want_h, want_c), (got_h, got_c) = step["reference"], step[FUSED]
+    (want_h, want_c), (got_h, got_c) = step[Kernels()], step[FUSED]
     assert_bitwise_equal(got_c.v[0], want_c.v[0])  # a copy: no rounding on the way
     for got, want in zip(got_c.k + got_c.v, want_c.k + want_c.v):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(np.asarray(got_h), np.asarray(want_h), atol=1e-5, rtol=1e-5)
 
     outs = {impl: ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, max_new=6,
-                              sampler=Sampler(), stop_ids=(), num_slots=16, attn_impl=impl,
+                              sampler=Sampler(), stop_ids=(), num_slots=16, kernels=impl,
                               cache_dtype=jnp.float32)
             for impl in impls}
     np.testing.assert_array_equal(np.asarray(outs[FUSED].tokens),
-                                  np.asarray(outs["reference"].tokens))
+                                  np.asarray(outs[Kernels()].tokens))
 
 
-@pytest.mark.parametrize("backend,auto_fuses", [("gpu", True), ("cpu", False)])
-def test_auto_runs_fused_kernel_on_gpu_only(monkeypatch, backend, auto_fuses):
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
-    assert target.runs_fused("auto") is auto_fuses
-    assert target.runs_fused("fused") and target.runs_fused("fused_interpret")
-    assert not target.runs_fused("reference") and not target.runs_fused("portable")
+def test_auto_runs_fused_kernel_on_one_gpu_only():
+    """"auto" resolves once: the fused kernel on a GPU, the reference on a CPU or a mesh of
+    several devices; the matmul kernels for MoE models, XLA for dense ones."""
+    assert choose(backend="gpu") == Kernels("fused_decode")
+    assert choose(backend="gpu", sharded=True) == Kernels("reference")
+    assert choose("portable", backend="gpu", sharded=True) == Kernels("portable")
+    assert choose(backend="cpu") == Kernels("reference")
+    assert choose(backend="cpu", moe=True) == Kernels("reference", "pallas")
+    assert choose(matmul="tuned", backend="cpu", moe=True).matmul == "tuned"
+    assert Kernels("fused_decode", interpret=True).cache_attention() == ("auto", False)
+    assert Kernels("portable", interpret=True).cache_attention() == ("portable", True)
+    with pytest.raises(ValueError, match="unknown matmul kernel 'cublas'; choose from auto, xla"):
+        choose(matmul="cublas")

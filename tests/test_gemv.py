@@ -23,7 +23,7 @@ from helpers import random_prompts, tiny_target
 from jetspec_jax.decode.autoregressive import ar_generate
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.model import layers
-from jetspec_jax.model.config import ConfigError
+from jetspec_jax.model.kernels import Kernels
 from pallas_kernels import common
 from pallas_kernels.gemv import (api, grouped_matmul_sorted, grouped_small_m_matmul,
                                  small_m_matmul)
@@ -37,6 +37,7 @@ from pallas_kernels.gemv.reference import (grouped_matmul_sorted_reference,
                                            small_m_matmul_reference)
 
 F32, BF16 = jnp.float32, jnp.bfloat16
+PALLAS = Kernels(matmul="pallas", interpret=True)  # the kernels in interpret mode
 # Max error relative to max |reference|: summation order (f32) or one bf16 rounding of the output.
 TOL = {jnp.dtype(F32): 1e-5, jnp.dtype(BF16): 1e-2}
 
@@ -148,10 +149,10 @@ def test_project_matches_einsum():
     out = jax.random.normal(key, (2, 3, 4, 16), F32)  # [B, T, N, H]
     wo = jax.random.normal(jax.random.key(4), (4, 16, 24), F32)  # [N, H, D]
     want = jnp.einsum("BTNH,NHD->BTD", out, wo)
-    got = layers.project("BTNH,NHD->BTD", out, wo, "pallas_interpret")
+    got = layers.project("BTNH,NHD->BTD", out, wo, PALLAS)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="trailing axes"):
-        layers.project("BTD,FD->BTF", out[..., 0, :], wo[0], "pallas_interpret")
+        layers.project("BTD,FD->BTF", out[..., 0, :], wo[0], PALLAS)
 
 
 def test_greedy_decode_identical_with_pallas_matmul():
@@ -161,22 +162,9 @@ def test_greedy_decode_identical_with_pallas_matmul():
     prompt, lens = random_prompts(np.random.default_rng(0), 3, 7, cfg.vocab_size)
     kw = dict(max_new=6, sampler=Sampler(), stop_ids=(), num_slots=32)
     want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **kw)
-    got = ar_generate(params, prompt, lens, jax.random.key(0),
-                      cfg=cfg.replace(matmul_impl="pallas_interpret"), **kw)
+    got = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, kernels=PALLAS, **kw)
     np.testing.assert_array_equal(np.asarray(got.num_tokens), np.asarray(want.num_tokens))
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
-    with pytest.raises(ConfigError, match="matmul_impl"):
-        cfg.replace(matmul_impl="cublas")
-
-
-def test_auto_matmul_is_the_kernel_for_moe_and_xla_for_dense():
-    """The default "auto" resolves per model to what measured fastest on the H200; an explicit
-    choice is kept."""
-    dense, _ = tiny_target("dense", seed=0, vocab=16)
-    moe, _ = tiny_target("moe", seed=0, vocab=16, num_experts=16)
-    assert (dense.matmul_impl, dense.matmul, moe.matmul) == ("auto", "xla", "pallas")
-    assert moe.replace(matmul_impl="xla").matmul == "xla"
-    assert dense.replace(matmul_impl="tuned").matmul == "tuned"
 
 
 GROUPED_CASES = [
@@ -297,7 +285,7 @@ def test_tuned_impl_uses_the_table(tmp_path, monkeypatch):
 def test_moe_greedy_decode_identical_with_grouped_kernel(monkeypatch):
     """A tiny float32 MoE target (16 experts, top-2) decodes the same tokens with the grouped
     kernel (interpret mode: decode steps of 3 rows = 6 pairs take the few-pairs path) as with
-    XLA's gather, and with matmul_impl="tuned" (on a CPU: XLA throughout)."""
+    XLA's gather, and with matmul "tuned" (on a CPU: XLA throughout)."""
     calls = []
 
     def spy(*a, **kw):
@@ -309,9 +297,9 @@ def test_moe_greedy_decode_identical_with_grouped_kernel(monkeypatch):
     prompt, lens = random_prompts(np.random.default_rng(1), 3, 5, cfg.vocab_size)
     kw = dict(max_new=5, sampler=Sampler(), stop_ids=(), num_slots=16)
     want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **kw)
-    for impl in ("pallas_interpret", "tuned"):
-        got = ar_generate(params, prompt, lens, jax.random.key(0),
-                          cfg=cfg.replace(matmul_impl=impl), **kw)
+    for kernels in (PALLAS, Kernels(matmul="tuned")):
+        got = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, kernels=kernels,
+                          **kw)
         np.testing.assert_array_equal(np.asarray(got.num_tokens), np.asarray(want.num_tokens))
         np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     assert (6,) in calls  # the kernel ran (traced) for the decode steps' pairs
@@ -396,7 +384,7 @@ def test_moe_many_pairs_with_sorted_kernel_matches_xla(monkeypatch):
     gate, up = (jax.random.normal(kk, (e, d, f), F32) / d**0.5 for kk in ks[2:4])
     down = jax.random.normal(ks[4], (e, f, d), F32) / f**0.5
     kw = dict(top_k=2, normalize=True)
-    want = layers.moe(x, router, gate, up, down, matmul_impl="xla", **kw)
-    got = layers.moe(x, router, gate, up, down, matmul_impl="pallas_interpret", **kw)
+    want = layers.moe(x, router, gate, up, down, kernels=Kernels(), **kw)
+    got = layers.moe(x, router, gate, up, down, kernels=PALLAS, **kw)
     assert calls == [(e,)] * 3
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

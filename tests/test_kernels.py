@@ -338,7 +338,7 @@ def test_api_auto_and_forced():
     check(cache_attention(q, k, v, prefix, mask), q, k, v, prefix, mask)
     check(cache_attention(q, k, v, prefix, mask, impl="reference"), q, k, v, prefix, mask)
     # Interpret mode on CPU walks the GPU chain (Hopper kernel first for T > 1).
-    assert auto_chain(5, interpret=True)[0] == "mosaic"
+    assert auto_chain(5, interpret=True)[0] == "hopper"
     assert auto_chain(1, interpret=True)[0] == "decode"
     check(cache_attention(q, k, v, prefix, mask, impl="auto", interpret=True), q, k, v, prefix, mask)
     # float32 is not served by the Hopper kernel: "auto" falls back to the portable one.
@@ -346,7 +346,7 @@ def test_api_auto_and_forced():
     check(cache_attention(q32, k32, v32, prefix, mask, impl="auto", interpret=True),
           q32, k32, v32, prefix, mask)
     with pytest.raises(NotImplementedError):
-        cache_attention(q32, k32, v32, prefix, mask, impl="mosaic", interpret=True)
+        cache_attention(q32, k32, v32, prefix, mask, impl="hopper", interpret=True)
     # T = 1 goes to the split-K decode kernel.
     q1 = q[:, :1]
     check(cache_attention(q1, k, v, prefix, None, impl="auto", interpret=True), q1, k, v, prefix,

@@ -16,6 +16,7 @@ from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 from jetspec_jax.io.checkpoints import save_target
 from jetspec_jax.io.heads import save_draft
 from jetspec_jax.model import layout
+from jetspec_jax.model.kernels import Kernels
 from test_api_cli import word_tokenizer
 from test_speculative import assert_same
 
@@ -67,14 +68,16 @@ def test_pallas_projections_read_the_fused_layout():
     """matmul "pallas_interpret" on fused weights: one kernel for q/k/v and one for gate/up
     (3 fewer a layer than on separate weights), XLA's tokens."""
     cfg, params = tiny_target("dense", seed=5, vocab=32)
-    fused_cfg, fused = cfg.replace(matmul_impl="pallas_interpret"), layout.fuse_projections(params)
+    pallas, fused = Kernels(matmul="pallas", interpret=True), layout.fuse_projections(params)
     prompt, lens = random_prompts(np.random.default_rng(1), 2, 6, cfg.vocab_size)
-    run = lambda p, c: ar_generate(p, prompt, lens, jax.random.key(0), cfg=c, max_new=6, **KW)  # noqa: E731
-    n_fused = count_eqns(lambda p: run(p, fused_cfg).tokens, fused, name="small_m_matmul")
-    n_separate = count_eqns(lambda p: run(p, fused_cfg).tokens, params, name="small_m_matmul")
+    def run(p, kernels):
+        return ar_generate(p, prompt, lens, jax.random.key(0), cfg=cfg, max_new=6,
+                           kernels=kernels, **KW)
+    n_fused = count_eqns(lambda p: run(p, pallas).tokens, fused, name="small_m_matmul")
+    n_separate = count_eqns(lambda p: run(p, pallas).tokens, params, name="small_m_matmul")
     assert 0 < n_fused < n_separate and (n_separate - n_fused) % (3 * cfg.num_layers) == 0
-    np.testing.assert_array_equal(np.asarray(run(fused, fused_cfg).tokens),
-                                  np.asarray(run(params, cfg).tokens))
+    np.testing.assert_array_equal(np.asarray(run(fused, pallas).tokens),
+                                  np.asarray(run(params, Kernels()).tokens))
 
 
 @pytest.fixture(scope="module")

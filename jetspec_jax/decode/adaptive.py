@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from jetspec_jax.decode.tree import DraftTree
+from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.options import GPU_BUCKETS as DEFAULT_BUCKETS  # jax-free: the CLI reads it
 
 
@@ -67,7 +68,7 @@ def switch_budget(tree: DraftTree, active, buckets, costs, finish):
 
 def measure_costs(tparams, tcfg, dparams, dcfg, *, buckets=DEFAULT_BUCKETS, width: int = 7,
                   method: str = "accum_logp", draft_mode: str = "per_depth", batch: int = 1,
-                  context_len: int = 256, attn_impl: str = "reference", cache_dtype=None,
+                  context_len: int = 256, kernels: Kernels = Kernels(), cache_dtype=None,
                   repeats: int = 10, seed: int = 0) -> dict[int, float]:
     """{bucket: seconds} of one speculative round (draft, tree, verify, accept, commit) at a
     fixed budget, on this device, for a batch at context length context_len: median of
@@ -79,11 +80,11 @@ def measure_costs(tparams, tcfg, dparams, dcfg, *, buckets=DEFAULT_BUCKETS, widt
     blk = dcfg.block_size
     max_new = 2 * blk
     slots = context_len + max_new + speculative.working_slots(max(buckets), blk, draft_mode)
-    static = dict(max_new=max_new, sampler=Sampler(), stop_ids=(), attn_impl=attn_impl)
+    static = dict(max_new=max_new, sampler=Sampler(), stop_ids=(), kernels=kernels)
     prompt = jax.random.randint(jax.random.key(seed), (batch, context_len), 0, tcfg.vocab_size,
                                 jnp.int32)
     init = jax.jit(speculative.init_state, static_argnames=(
-        "tcfg", "dcfg", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl",
+        "tcfg", "dcfg", "max_new", "sampler", "stop_ids", "num_slots", "kernels",
         "cache_dtype"))
     state = init(tparams, tcfg=tcfg, dparams=dparams, dcfg=dcfg, prompt=prompt,
                  prompt_lens=jnp.full((batch,), context_len, jnp.int32), key=jax.random.key(seed),

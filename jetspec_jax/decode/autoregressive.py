@@ -13,6 +13,7 @@ from jetspec_jax.decode.sampling import RowSampler, Sampler, choose_tokens, spli
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache
 from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.sharding import constrain_state
 
 
@@ -23,7 +24,7 @@ from jetspec_jax.options import PREFILL_CHUNK  # jax-free: the CLI reads it
 
 
 def prefill(params, cfg: ModelConfig, prompt, prompt_lens, cache: KVCache, *,
-            taps=(), attn_impl="reference", chunk: int = PREFILL_CHUNK):
+            taps=(), kernels: Kernels = Kernels(), chunk: int = PREFILL_CHUNK):
     """prompt [B, P] right-padded, prompt_lens [B]. Returns (logits at each prompt's last token
     [B, V], cache holding the prompts, taps [B, P, k*D] or None).
 
@@ -31,13 +32,13 @@ def prefill(params, cfg: ModelConfig, prompt, prompt_lens, cache: KVCache, *,
     the ones before it: the same attention, less memory."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"prefill_chunk must be a whole number >= 1, got {chunk!r}")
-    hidden, cache, tapped = _prefill_forward(params, cfg, prompt, cache, taps, attn_impl, chunk)
+    hidden, cache, tapped = _prefill_forward(params, cfg, prompt, cache, taps, kernels, chunk)
     last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)  # [B, 1, D]
-    logits = target.lm_head(params, cfg, last)[:, 0]
+    logits = target.lm_head(params, cfg, last, kernels)[:, 0]
     return logits, constrain_state(cache.replace(lengths=prompt_lens.astype(jnp.int32))), tapped
 
 
-def _prefill_forward(params, cfg, prompt, cache, taps, attn_impl, chunk):
+def _prefill_forward(params, cfg, prompt, cache, taps, kernels, chunk):
     """(hidden [B, P, D], cache, taps or None). Past one chunk, the whole chunks run in a
     `lax.scan` (one compiled copy of the model however long the prompt), then the remainder."""
     b, p = prompt.shape
@@ -47,7 +48,7 @@ def _prefill_forward(params, cfg, prompt, cache, taps, attn_impl, chunk):
                                              tokens.shape)
         return target.forward(params, cfg, tokens, positions, cache,
                               jnp.full((b,), start, jnp.int32), None, taps=taps,
-                              attn_impl=attn_impl)
+                              kernels=kernels)
 
     def body(cache, j):
         tokens = jax.lax.dynamic_slice_in_dim(prompt, j * chunk, chunk, axis=1)
@@ -143,23 +144,23 @@ class ARState:
 
 def ar_start(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
              sampler: Sampler, stop_ids: tuple[int, ...], num_slots: int,
-             attn_impl: str = "reference", cache_dtype=jnp.float32,
+             kernels: Kernels = Kernels(), cache_dtype=jnp.float32,
              prefill_chunk: int = PREFILL_CHUNK) -> ARState:
     """Checks that the batch fits, then `ar_init`."""
     check_capacity(prompt.shape[1], max_new, 1, cfg.max_position_embeddings, num_slots)
     return ar_init(params, prompt, prompt_lens, key, cfg=cfg, max_new=max_new, sampler=sampler,
-                   stop_ids=stop_ids, num_slots=num_slots, attn_impl=attn_impl,
+                   stop_ids=stop_ids, num_slots=num_slots, kernels=kernels,
                    cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
 
 
 def ar_init(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
             sampler: Sampler | RowSampler, stop_ids: tuple[int, ...], num_slots: int,
-            attn_impl: str = "reference", cache_dtype=jnp.float32,
+            kernels: Kernels = Kernels(), cache_dtype=jnp.float32,
             prefill_chunk: int = PREFILL_CHUNK) -> ARState:
     """Prefill and the first token. prefill_chunk: prompt tokens per prefill pass (`prefill`)."""
     b = prompt.shape[0]
     cache = target.allocate_cache(cfg, b, num_slots, cache_dtype)
-    logits, cache, _ = prefill(params, cfg, prompt, prompt_lens, cache, attn_impl=attn_impl,
+    logits, cache, _ = prefill(params, cfg, prompt, prompt_lens, cache, kernels=kernels,
                                chunk=prefill_chunk)
     key, sub = split_key(key)
     first = choose_tokens(sub, logits, sampler)
@@ -169,7 +170,7 @@ def ar_init(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
 
 
 def ar_continue(params, state: ARState, *, cfg: ModelConfig, max_new: int, sampler: Sampler,
-                stop_ids: tuple[int, ...], attn_impl: str = "reference",
+                stop_ids: tuple[int, ...], kernels: Kernels = Kernels(),
                 max_steps: int | None = None) -> ARState:
     """Decoding steps until every sequence is done, or max_steps of them."""
     ones = jnp.ones(state.last.shape, jnp.int32)
@@ -177,7 +178,7 @@ def ar_continue(params, state: ARState, *, cfg: ModelConfig, max_new: int, sampl
     def step(s: ARState) -> ARState:
         key, sub = split_key(s.key)
         nxt, cache = decode_step(params, cfg, s.cache, s.last, sub, sampler, s.out.done,
-                                 attn_impl)
+                                 kernels)
         return ARState(cache=cache, out=s.out.append(nxt[:, None], ones, stop_ids, max_new),
                        last=nxt, key=key)
 
@@ -185,27 +186,27 @@ def ar_continue(params, state: ARState, *, cfg: ModelConfig, max_new: int, sampl
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "cfg", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl", "cache_dtype",
+    "cfg", "max_new", "sampler", "stop_ids", "num_slots", "kernels", "cache_dtype",
     "prefill_chunk"))
 def ar_generate(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
                 sampler: Sampler, stop_ids: tuple[int, ...], num_slots: int,
-                attn_impl: str = "reference", cache_dtype=jnp.float32,
+                kernels: Kernels = Kernels(), cache_dtype=jnp.float32,
                 prefill_chunk: int = PREFILL_CHUNK) -> Output:
     """Autoregressive decoding of a right-padded batch; returns the generated tokens.
     prefill_chunk: prompt tokens per prefill pass (`prefill`)."""
     state = ar_start(params, prompt, prompt_lens, key, cfg=cfg, max_new=max_new,
                      sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,
-                     attn_impl=attn_impl, cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
+                     kernels=kernels, cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
     return ar_continue(params, state, cfg=cfg, max_new=max_new, sampler=sampler,
-                       stop_ids=stop_ids, attn_impl=attn_impl).out
+                       stop_ids=stop_ids, kernels=kernels).out
 
 
 def decode_step(params, cfg: ModelConfig, cache: KVCache, last, key, sampler: Sampler, done,
-                attn_impl="reference"):
+                kernels: Kernels = Kernels()):
     """One autoregressive step: feeds last [B] at position lengths, returns (next [B], cache).
     Finished sequences (done) keep their length."""
     pos = cache.lengths
     hidden, cache, _ = target.forward(params, cfg, last[:, None], pos[:, None], cache, pos,
-                                      attn_impl=attn_impl)
-    nxt = choose_tokens(key, target.lm_head(params, cfg, hidden)[:, 0], sampler)
+                                      kernels=kernels)
+    nxt = choose_tokens(key, target.lm_head(params, cfg, hidden, kernels)[:, 0], sampler)
     return nxt, constrain_state(cache.replace(lengths=jnp.where(done, pos, pos + 1)))

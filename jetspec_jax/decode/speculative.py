@@ -31,6 +31,7 @@ from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache
 from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.sharding import constrain_state
 
 from jetspec_jax.options import DRAFT_MODES, MAX_BUDGET  # jax-free: the CLI reads it
@@ -109,14 +110,14 @@ class SpecState:
 
 def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, state: SpecState, *,
                       tree_spec: TreeSpec, sampler: Sampler | RowSampler, stop_ids,
-                      max_new: int, attn_impl: str) -> SpecState:
+                      max_new: int, kernels: Kernels) -> SpecState:
     active = ~state.out.done
     dcache = draft_head.extend_context(dparams, dcfg, state.draft_cache, state.pending_taps,
                                        jnp.where(active, state.pending_count, 0))
     width = tree_spec.draft_width
     draft_logits = draft_head.draft_block(dparams, dcfg, tparams, tcfg, dcache, state.anchor,
                                           depths=tree_spec.draft_depths(dcfg.depth),
-                                          attn_impl=attn_impl)
+                                          kernels=kernels)
     topk_lp, topk_tok = topk_from_logits(draft_logits, width)
     tree = build_trees(state.anchor, topk_lp, topk_tok, budget=tree_spec.budget,
                        method=tree_spec.method)
@@ -124,9 +125,9 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, st
     def verify_round(tree):
         if tree_spec.draft_mode == "path":
             tree = path_draft.refine_trees(dparams, dcfg, tparams, tcfg, dcache, tree,
-                                           width=width, attn_impl=attn_impl)
+                                           width=width, kernels=kernels)
         logits, cache, taps = verify_tree(tparams, tcfg, state.cache, tree,
-                                          taps=dcfg.tap_layers, attn_impl=attn_impl)
+                                          taps=dcfg.tap_layers, kernels=kernels)
         key, sub = split_key(state.key)
         acc = accept(tree, choose_tokens(sub, logits, sampler), dcfg.depth)
         cache = commit(cache, acc, active)
@@ -149,7 +150,7 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, st
 
 
 def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, prompt_lens, key,
-               *, max_new: int, sampler: Sampler, stop_ids, num_slots: int, attn_impl: str,
+               *, max_new: int, sampler: Sampler, stop_ids, num_slots: int, kernels: Kernels,
                cache_dtype, prefill_chunk: int = PREFILL_CHUNK) -> SpecState:
     """Prefill: the target reads the prompts (with taps), picks the first token, and the draft
     context is filled with the prompts' taps."""
@@ -157,7 +158,7 @@ def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, p
     blk = dcfg.block_size
     cache = target.allocate_cache(tcfg, b, num_slots, cache_dtype)
     logits, cache, prompt_taps = prefill(tparams, tcfg, prompt, prompt_lens, cache,
-                                         taps=dcfg.tap_layers, attn_impl=attn_impl,
+                                         taps=dcfg.tap_layers, kernels=kernels,
                                          chunk=prefill_chunk)
     key, sub = split_key(key)
     first = choose_tokens(sub, logits, sampler)
@@ -177,7 +178,7 @@ def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, p
 
 def spec_start(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
                dcfg: DraftConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
-               stop_ids: tuple[int, ...], num_slots: int, attn_impl: str = "reference",
+               stop_ids: tuple[int, ...], num_slots: int, kernels: Kernels = Kernels(),
                cache_dtype=jnp.float32, prefill_chunk: int = PREFILL_CHUNK) -> SpecState:
     """Checks that the batch fits, then `init_state`."""
     check_capacity(prompt.shape[1], max_new,
@@ -185,33 +186,33 @@ def spec_start(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
                    tcfg.max_position_embeddings, num_slots)
     return init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, max_new=max_new,
                       sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,
-                      attn_impl=attn_impl, cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
+                      kernels=kernels, cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
 
 
 def spec_continue(tparams, dparams, state: SpecState, *, tcfg: ModelConfig, dcfg: DraftConfig,
                   tree_spec: TreeSpec, max_new: int, sampler: Sampler,
-                  stop_ids: tuple[int, ...], attn_impl: str = "reference",
+                  stop_ids: tuple[int, ...], kernels: Kernels = Kernels(),
                   max_rounds: int | None = None) -> SpecState:
     """Speculative rounds until every sequence is done, or max_rounds of them."""
     round_fn = functools.partial(speculative_round, tparams, tcfg, dparams, dcfg,
                                  tree_spec=tree_spec, sampler=sampler, stop_ids=stop_ids,
-                                 max_new=max_new, attn_impl=attn_impl)
+                                 max_new=max_new, kernels=kernels)
     # The carry's caches stay sharded by KV head on a mesh (no-op without one).
     return loop_until_done(lambda s: constrain_state(round_fn(s)), state, max_rounds)
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "tcfg", "dcfg", "tree_spec", "max_new", "sampler", "stop_ids", "num_slots", "attn_impl",
+    "tcfg", "dcfg", "tree_spec", "max_new", "sampler", "stop_ids", "num_slots", "kernels",
     "cache_dtype", "prefill_chunk"))
 def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
                   dcfg: DraftConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
-                  stop_ids: tuple[int, ...], num_slots: int, attn_impl: str = "reference",
+                  stop_ids: tuple[int, ...], num_slots: int, kernels: Kernels = Kernels(),
                   cache_dtype=jnp.float32,
                   prefill_chunk: int = PREFILL_CHUNK) -> tuple[Output, SpecStats]:
     """Speculative decoding of a right-padded batch; same outputs as `ar_generate` (greedy:
     token for token; sampling: in distribution)."""
     loop = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=tree_spec, max_new=max_new, sampler=sampler,
-                stop_ids=stop_ids, attn_impl=attn_impl)
+                stop_ids=stop_ids, kernels=kernels)
     state = spec_start(tparams, dparams, prompt, prompt_lens, key, num_slots=num_slots,
                        cache_dtype=cache_dtype, prefill_chunk=prefill_chunk, **loop)
     state = spec_continue(tparams, dparams, state, **loop)

@@ -18,7 +18,7 @@ from jetspec_jax.decode import autoregressive as decode, speculative
 # of one round or step were much slower than the whole loop there, these a few percent
 # (docs/benchmarks.md, streaming). A GPU's temporaries come from a pooled allocator.
 SPEC_CHUNK, AR_CHUNK = 4, 8
-_LOOP = ("max_new", "sampler", "stop_ids", "attn_impl")  # static arguments of the loops
+_LOOP = ("max_new", "sampler", "stop_ids", "kernels")  # static arguments of the loops
 _START = ("num_slots", "cache_dtype", "prefill_chunk")  # and of the prefill only
 
 _ar_start = jax.jit(decode.ar_start, static_argnames=("cfg", *_LOOP, *_START))

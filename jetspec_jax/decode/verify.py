@@ -10,18 +10,19 @@ from jetspec_jax.decode.tree import DraftTree
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache, compact
 from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.kernels import Kernels
 
 
 def verify_tree(params, cfg: ModelConfig, cache: KVCache, tree: DraftTree, *, taps=(),
-                attn_impl="reference"):
+                kernels: Kernels = Kernels()):
     """Runs the target over the N tree nodes of each sequence against its cached prefix.
 
     Node n sits at position past_len + depth[n] and sees the prefix plus its ancestors.
     Its K/V go to slot past_len + n. Returns (logits [B, N, V], cache, taps [B, N, k*D])."""
     hidden, cache, tapped = target.forward(
         params, cfg, tree.tokens, tree.positions(cache.lengths), cache, cache.lengths,
-        tree.ancestors, taps=taps, attn_impl=attn_impl)
-    return target.lm_head(params, cfg, hidden), cache, tapped
+        tree.ancestors, taps=taps, kernels=kernels)
+    return target.lm_head(params, cfg, hidden, kernels), cache, tapped
 
 
 @flax.struct.dataclass

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache, write_slots
 from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.layers import rms_norm, rope
 from jetspec_jax.model.params import ParamSpec, layer_specs
 from pallas_kernels.tree_attention import cache_attention
@@ -160,7 +161,7 @@ def block_mask(dcfg: DraftConfig, batch: int):
 
 
 def head_hidden(dparams, dcfg: DraftConfig, cache: KVCache, x, positions, mask, *,
-                attn_impl="reference"):
+                kernels: Kernels = Kernels()):
     """The draft layers over new slots x [B, T, D] at positions [B, T] against the cached
     context; mask [B, T, T] says which new slots each slot sees. -> final-normed states
     [B, T, D]. The new K/V are written after the context but lengths are not advanced, so the
@@ -174,14 +175,15 @@ def head_hidden(dparams, dcfg: DraftConfig, cache: KVCache, x, positions, mask, 
         q = rope(q, positions, cfg.rope_theta)
         k, v = key_value(p, cfg, h, positions)
         kc, vc = write_slots(kc, k, start), write_slots(vc, v, start)
-        attn = cache_attention(q, kc, vc, start, mask, impl=target.cache_impl(attn_impl))
+        impl, interpret = kernels.cache_attention()
+        attn = cache_attention(q, kc, vc, start, mask, impl=impl, interpret=interpret)
         x = x + jnp.einsum("BTNH,NHD->BTD", attn, p["o"])
         x = x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
     return rms_norm(x, dparams["norm"], cfg.rms_norm_eps)
 
 
 def draft_block(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: KVCache, anchor,
-                *, depths: int | None = None, attn_impl="reference"):
+                *, depths: int | None = None, kernels: Kernels = Kernels()):
     """One forward of the block [anchor, MASK...] against the cached context.
 
     Returns draft logits [B, depths, V] for depths 1..depths (float32; default all blk-1).
@@ -190,5 +192,6 @@ def draft_block(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: K
     b, blk = anchor.shape[0], dcfg.block_size
     positions = cache.lengths[:, None] + jnp.arange(blk, dtype=jnp.int32)
     x = head_hidden(dparams, dcfg, cache, block_inputs(dparams, dcfg, tparams, anchor),
-                    positions, block_mask(dcfg, b), attn_impl=attn_impl)
-    return target.lm_head(tparams, tcfg, x[:, 1:1 + (blk - 1 if depths is None else depths)])
+                    positions, block_mask(dcfg, b), kernels=kernels)
+    return target.lm_head(tparams, tcfg, x[:, 1:1 + (blk - 1 if depths is None else depths)],
+                          kernels)

@@ -47,6 +47,7 @@ from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache
 from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.kernels import Kernels
 
 
 def tree_inputs(dparams, dcfg: DraftConfig, tparams, tree: DraftTree, context_len):
@@ -64,12 +65,12 @@ def tree_inputs(dparams, dcfg: DraftConfig, tparams, tree: DraftTree, context_le
 
 
 def conditional_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: KVCache,
-                       tree: DraftTree, *, attn_impl="reference"):
+                       tree: DraftTree, *, kernels: Kernels = Kernels()):
     """float32 logits [B, N, V] of the token after each node given its path (probe slots)."""
     x, positions, mask = tree_inputs(dparams, dcfg, tparams, tree, cache.lengths)
     hidden = draft_head.head_hidden(dparams, dcfg, cache, x, positions, mask,
-                                    attn_impl=attn_impl)
-    return target.lm_head(tparams, tcfg, hidden[:, tree.tokens.shape[1]:])
+                                    kernels=kernels)
+    return target.lm_head(tparams, tcfg, hidden[:, tree.tokens.shape[1]:], kernels)
 
 
 def _regrow(tree: DraftTree, logp, *, width: int, max_depth: int) -> DraftTree:
@@ -125,8 +126,8 @@ def regrow_trees(tree: DraftTree, cond_logits, *, width: int, max_depth: int) ->
 
 
 def refine_trees(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: KVCache,
-                 tree: DraftTree, *, width: int, attn_impl="reference") -> DraftTree:
+                 tree: DraftTree, *, width: int, kernels: Kernels = Kernels()) -> DraftTree:
     """The path-conditioned pass and re-growth of a batch of first-pass trees (same size N).
     cache: the draft context the first pass used; its length must leave 2N free slots."""
-    cond = conditional_logits(dparams, dcfg, tparams, tcfg, cache, tree, attn_impl=attn_impl)
+    cond = conditional_logits(dparams, dcfg, tparams, tcfg, cache, tree, kernels=kernels)
     return regrow_trees(tree, cond, width=width, max_depth=dcfg.depth)

@@ -20,16 +20,6 @@ SUPPORTED_ARCHITECTURES = {
 }
 
 
-# How dense projections and MoE experts multiply (`layers.project`, `layers.moe`):
-# "auto" (the default) "pallas" for MoE models, "xla" for dense ones (`ModelConfig.matmul`);
-# "xla" einsums and `ragged_dot`; "pallas" the kernels of pallas_kernels.gemv where they serve
-# (NVIDIA GPU: split-K weight streaming for M <= 32 rows, per pair for few MoE pairs, expert-
-# major for many), XLA elsewhere; "tuned" the dense kernel only for the shapes where this
-# device's table (pallas_kernels/gemv/tuned_<gpu>.json) says it beats XLA, the MoE kernels as
-# "pallas"; "pallas_interpret" the kernels in interpret mode (CPU tests).
-MATMUL_IMPLS = ("auto", "xla", "pallas", "tuned", "pallas_interpret")
-
-
 class ConfigError(ValueError):
     """A model config that this library cannot serve."""
 
@@ -56,22 +46,8 @@ class ModelConfig:
     norm_topk_prob: bool = True
     moe_layers: tuple[int, ...] | None = None  # None: every layer is MoE when num_experts > 0
     eos_token_ids: tuple[int, ...] = ()
-    matmul_impl: str = "auto"  # one of MATMUL_IMPLS; `matmul` says what "auto" means
-
-    @property
-    def matmul(self) -> str:
-        """The projections' implementation (`layers.project`). "auto" is what measured fastest
-        on the H200 (docs/benchmarks.md, decode speed): for MoE models the Pallas kernels
-        wherever they serve (the grouped kernel reads the chosen experts in place, where XLA's
-        gather copies them first), for dense ones XLA. Off NVIDIA GPUs both run XLA."""
-        if self.matmul_impl != "auto":
-            return self.matmul_impl
-        return "pallas" if self.num_experts else "xla"
 
     def __post_init__(self):
-        if self.matmul_impl not in MATMUL_IMPLS:
-            raise ConfigError(
-                f"{self.name}: matmul_impl={self.matmul_impl!r} not in {MATMUL_IMPLS}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"{self.name}: num_heads={self.num_heads} is not a multiple of "
@@ -105,10 +81,11 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         fields = {f.name for f in dataclasses.fields(cls)}
+        # older checkpoints store matmul_impl: the kernels are chosen per run now (`kernels`)
+        data = {k: v for k, v in data.items() if k != "matmul_impl"}
         unknown = set(data) - fields
         if unknown:
             raise ConfigError(f"unknown ModelConfig fields: {sorted(unknown)}")
-        data = dict(data)
         for key in ("eos_token_ids", "moe_layers"):
             if data.get(key) is not None:
                 data[key] = tuple(data[key])

@@ -8,6 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jetspec_jax.model.kernels import Kernels
 from pallas_kernels.gemv import grouped_matmul_sorted, grouped_small_m_matmul, small_m_matmul
 
 
@@ -31,13 +32,15 @@ def rope(x, positions, theta):
     return out.astype(x.dtype)
 
 
-def project(eq, x, w, matmul_impl="xla", out_dtype=None):
+XLA = Kernels()
+
+
+def project(eq, x, w, kernels: Kernels = XLA, out_dtype=None):
     """A dense projection `einsum(eq, x, w)` whose contracted axes are x's last and w's first
-    (e.g. "BTNH,NHD->BTD"). matmul_impl (`ModelConfig.matmul_impl`) other than "xla" runs it
-    as x [M, K] @ w [K, N] through `pallas_kernels.gemv`: the kernel where it serves, or for
-    "tuned" only where this device's table says it beats XLA ("_interpret": in interpret
-    mode)."""
-    if matmul_impl == "xla":
+    (e.g. "BTNH,NHD->BTD"). kernels.matmul other than "xla" runs it as x [M, K] @ w [K, N]
+    through `pallas_kernels.gemv`: the kernel where it serves, or for "tuned" only where this
+    device's table says it beats XLA."""
+    if kernels.matmul == "xla":
         return jnp.einsum(eq, x, w, preferred_element_type=out_dtype)
     x_axes, rest = eq.split(",")
     w_axes, out_axes = rest.split("->")
@@ -45,31 +48,29 @@ def project(eq, x, w, matmul_impl="xla", out_dtype=None):
     if x_axes[-c:] != w_axes[:c] or out_axes != x_axes[:-c] + w_axes[c:]:
         raise ValueError(f"project: {eq} is not x's trailing axes against w's leading ones")
     lead, tail = x.shape[:-c], w.shape[c:]
-    base = matmul_impl.removesuffix("_interpret")
     y = small_m_matmul(x.reshape(math.prod(lead), -1), w.reshape(-1, math.prod(tail)),
-                       impl="tuned" if base == "tuned" else "auto",
-                       interpret=matmul_impl.endswith("_interpret"), out_dtype=out_dtype)
+                       impl="tuned" if kernels.matmul == "tuned" else "auto",
+                       interpret=kernels.interpret, out_dtype=out_dtype)
     return y.reshape(lead + tail)
 
 
-def swiglu(x, gate, up, down, matmul_impl="xla"):
+def swiglu(x, gate, up, down, kernels: Kernels = XLA):
     """x [B, T, D]; gate, up [D, F]; down [F, D]."""
-    h = jax.nn.silu(project("BTD,DF->BTF", x, gate, matmul_impl)) * project(
-        "BTD,DF->BTF", x, up, matmul_impl)
-    return project("BTF,FD->BTD", h, down, matmul_impl)
+    h = jax.nn.silu(project("BTD,DF->BTF", x, gate, kernels)) * project(
+        "BTD,DF->BTF", x, up, kernels)
+    return project("BTF,FD->BTD", h, down, kernels)
 
 
-def moe(x, router, gate, up, down, *, top_k, normalize, matmul_impl="xla"):
+def moe(x, router, gate, up, down, *, top_k, normalize, kernels: Kernels = XLA):
     """Qwen3-MoE block. x [B, T, D]; router [D, E]; gate, up [E, D, F]; down [E, F, D].
 
     With few (token, expert) pairs (at most E/2: batch-1 decode) each pair multiplies its
-    expert's weights directly: matmul_impl "xla" gathers them (XLA copies the gathered
+    expert's weights directly: matmul "xla" gathers them (XLA copies the gathered
     weights), any other the grouped Pallas kernel reads them in place (where it serves;
     "tuned" too: the gather it replaces is the slow part). With more pairs (verify, prefill)
     tokens are sorted by expert and run through grouped matmuls over the sorted rows: "xla"
     `lax.ragged_dot`, any other the expert-major Pallas kernel (`grouped_matmul_sorted`, on
     NVIDIA GPUs), which reads each expert with rows once and skips the others.
-    "pallas_interpret" runs the kernels in interpret mode.
     """
     b, t, d = x.shape
     num_experts = router.shape[-1]
@@ -86,8 +87,8 @@ def moe(x, router, gate, up, down, *, top_k, normalize, matmul_impl="xla"):
         # Few (token, expert) pairs, as in batch-1 decoding: read only the chosen experts.
         pair_x = jnp.repeat(tokens, top_k, axis=0)  # [P = BT*k, D]
         mm = functools.partial(grouped_small_m_matmul, experts=flat_experts,
-                               impl="xla" if matmul_impl == "xla" else "auto",
-                               interpret=matmul_impl == "pallas_interpret")
+                               impl="xla" if kernels.matmul == "xla" else "auto",
+                               interpret=kernels.interpret)
         h = jax.nn.silu(mm(pair_x, gate)) * mm(pair_x, up)  # [P, F]
         out = mm(h, down).astype(jnp.float32)  # [P, D]
         combined = (out * pair_weight[:, None]).reshape(b * t, top_k, d).sum(axis=1)
@@ -97,8 +98,8 @@ def moe(x, router, gate, up, down, *, top_k, normalize, matmul_impl="xla"):
     sorted_x = tokens[token_of_pair]  # [BT*k, D]
     group_sizes = jnp.bincount(flat_experts, length=num_experts).astype(jnp.int32)
     mm = functools.partial(grouped_matmul_sorted, group_sizes=group_sizes,
-                           impl="xla" if matmul_impl == "xla" else "auto",
-                           interpret=matmul_impl == "pallas_interpret")
+                           impl="xla" if kernels.matmul == "xla" else "auto",
+                           interpret=kernels.interpret)
     h = jax.nn.silu(mm(sorted_x, gate)) * mm(sorted_x, up)  # [BT*k, F]
     out_sorted = mm(h, down)  # [BT*k, D]
     combined = jnp.zeros((b * t, d), jnp.float32).at[token_of_pair].add(

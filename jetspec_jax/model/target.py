@@ -13,66 +13,48 @@ import jax.numpy as jnp
 
 from jetspec_jax.model.cache import KVCache, write_slots
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.model.layers import moe, project, rms_norm, rope, swiglu
+from jetspec_jax.model.kernels import Kernels
+from jetspec_jax.model.layers import XLA, moe, project, rms_norm, rope, swiglu
 from jetspec_jax.model.layout import split_qkv
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
 from pallas_kernels.tree_attention import cache_attention
-
-# attn_impl values the model adds to the cache-attention ones: one decode token per sequence
-# runs `fused_decode_attention` (q/k norm, RoPE, cache write and attention in one kernel), every
-# other call "auto" ("fused") or the reference ("fused_interpret": the kernel in interpret mode,
-# for CPU tests). "auto" on a GPU runs it too: it measured faster than the split-K kernel per
-# Qwen3-8B token on the H200 (docs/benchmarks.md, decode speed).
-FUSED_IMPLS = ("fused", "fused_interpret")
-
-
-def runs_fused(attn_impl: str) -> bool:
-    """Whether a one-token call with this impl tries the fused decode kernel."""
-    return attn_impl in FUSED_IMPLS or (attn_impl == "auto" and jax.default_backend() == "gpu")
-
-
-def cache_impl(attn_impl: str) -> str:
-    """The cache-attention impl behind a model attn_impl (the fused ones add only T == 1)."""
-    return {"fused": "auto", "fused_interpret": "reference"}.get(attn_impl, attn_impl)
-
 
 def embed(params, tokens):
     return params["embed"][tokens]  # [B, T, D]
 
 
-def lm_head(params, cfg: ModelConfig, hidden):
+def lm_head(params, cfg: ModelConfig, hidden, kernels: Kernels = XLA):
     """hidden [B, T, D] -> float32 logits [B, T, V]."""
     if cfg.tie_embeddings:  # contract with embed [V, D] as stored: XLA:CPU copied embed.T
         # on every one-row call, five times the matmul's own time (docs/experiments.md)
         return jnp.einsum("BTD,VD->BTV", hidden, params["embed"],
                           preferred_element_type=jnp.float32)
-    return project("BTD,DV->BTV", hidden, params["lm_head"], cfg.matmul, jnp.float32)
+    return project("BTD,DV->BTV", hidden, params["lm_head"], kernels, jnp.float32)
 
 
 def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start,
-                    block_mask, attn_impl):
+                    block_mask, kernels):
     """x [B, T, D] (already normed). Writes the new K/V at write_start and attends."""
     if "qkv" in p:  # the fused layout (`layout.py`): one matmul
-        q, k, v = split_qkv(project("BTD,DF->BTF", x, p["qkv"], cfg.matmul), cfg)
+        q, k, v = split_qkv(project("BTD,DF->BTF", x, p["qkv"], kernels), cfg)
     else:
-        q = project("BTD,DNH->BTNH", x, p["q"], cfg.matmul)
-        k = project("BTD,DKH->BTKH", x, p["k"], cfg.matmul)
-        v = project("BTD,DKH->BTKH", x, p["v"], cfg.matmul)
+        q = project("BTD,DNH->BTNH", x, p["q"], kernels)
+        k = project("BTD,DKH->BTKH", x, p["k"], kernels)
+        v = project("BTD,DKH->BTKH", x, p["v"], kernels)
     out, k_cache, v_cache = attend(p, cfg, q, k, v, positions, k_cache, v_cache, write_start,
-                                   block_mask, attn_impl)
-    return project("BTNH,NHD->BTD", out, p["o"], cfg.matmul), k_cache, v_cache
+                                   block_mask, kernels)
+    return project("BTNH,NHD->BTD", out, p["o"], kernels), k_cache, v_cache
 
 
 def attend(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, write_start,
-           block_mask, attn_impl):
+           block_mask, kernels):
     """The projections q [B, T, N, H], k, v [B, T, KV, H] -> (attention output [B, T, N, H],
     caches with the new K/V written): q/k norms, RoPE, cache write and cache attention."""
-    if runs_fused(attn_impl):
+    if kernels.attention == "fused_decode":
         fused = _fused_decode(p, cfg, q, k, v, positions, k_cache, v_cache, write_start,
-                              interpret=attn_impl == "fused_interpret")
+                              interpret=kernels.interpret)
         if fused is not None:
             return fused
-        attn_impl = cache_impl(attn_impl)
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
@@ -80,8 +62,9 @@ def attend(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, write_star
     k = rope(k, positions, cfg.rope_theta)
     k_cache = write_slots(k_cache, k, write_start)
     v_cache = write_slots(v_cache, v, write_start)
-    return cache_attention(q, k_cache, v_cache, write_start, block_mask, impl=attn_impl), \
-        k_cache, v_cache
+    impl, interpret = kernels.cache_attention()
+    return cache_attention(q, k_cache, v_cache, write_start, block_mask, impl=impl,
+                           interpret=interpret), k_cache, v_cache
 
 
 def _fused_decode(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, write_start, *,
@@ -99,29 +82,29 @@ def _fused_decode(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, wri
         return None
 
 
-def mlp_block(p, cfg: ModelConfig, x):
+def mlp_block(p, cfg: ModelConfig, x, kernels: Kernels = XLA):
     if "gate_up" in p:  # the fused layout (`layout.py`): one matmul for gate and up
-        gate, up = jnp.split(project("BTD,DF->BTF", x, p["gate_up"], cfg.matmul), 2, axis=-1)
-        return project("BTF,FD->BTD", jax.nn.silu(gate) * up, p["down"], cfg.matmul)
+        gate, up = jnp.split(project("BTD,DF->BTF", x, p["gate_up"], kernels), 2, axis=-1)
+        return project("BTF,FD->BTD", jax.nn.silu(gate) * up, p["down"], kernels)
     if "router" in p:
         return moe(x, p["router"], p["gate"], p["up"], p["down"],
                    top_k=cfg.experts_per_token, normalize=cfg.norm_topk_prob,
-                   matmul_impl=cfg.matmul)
-    return swiglu(x, p["gate"], p["up"], p["down"], cfg.matmul)
+                   kernels=kernels)
+    return swiglu(x, p["gate"], p["up"], p["down"], kernels)
 
 
 def decoder_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start, block_mask,
-                  attn_impl):
+                  kernels: Kernels):
     """One layer over the residual stream x [B, T, D] -> (x, k_cache, v_cache)."""
     eps = cfg.rms_norm_eps
     h, k_cache, v_cache = attention_block(p, cfg, rms_norm(x, p["attn_norm"], eps), positions,
-                                          k_cache, v_cache, write_start, block_mask, attn_impl)
+                                          k_cache, v_cache, write_start, block_mask, kernels)
     x = x + h
-    return x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], eps)), k_cache, v_cache
+    return x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], eps), kernels), k_cache, v_cache
 
 
 def forward(params, cfg: ModelConfig, tokens, positions, cache: KVCache, write_start,
-            block_mask=None, *, taps: tuple[int, ...] = (), attn_impl: str = "reference"):
+            block_mask=None, *, taps: tuple[int, ...] = (), kernels: Kernels = XLA):
     """Runs the target over T new tokens per sequence.
 
     tokens, positions [B, T]; write_start [B]: the new tokens' K/V go to slots
@@ -135,7 +118,7 @@ def forward(params, cfg: ModelConfig, tokens, positions, cache: KVCache, write_s
     for i, p in enumerate(params["layers"]):
         with jax.named_scope(f"layer_{i}"):
             x, kc, vc = decoder_layer(p, cfg, x, positions, cache.k[i], cache.v[i],
-                                      write_start, block_mask, attn_impl)
+                                      write_start, block_mask, kernels)
         new_k.append(kc)
         new_v.append(vc)
         if i in taps:

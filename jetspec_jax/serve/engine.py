@@ -49,7 +49,7 @@ class EngineConfig:
     budget: int | str | None = None  # tree nodes per round, "auto", None: `api.default_budget`
     chunk: int | None = None  # rounds (steps without a head) per device call; None: 4
     max_queue: int = 64  # requests waiting for a slot, at most
-    attn_impl: str = "auto"
+    attn_impl: str = "auto"  # the attention kernel's name (`jetspec_jax.model.kernels`)
     slot_buckets: tuple[int, ...] | None = None  # active-slot counts compiled for; None: auto
 
     def __post_init__(self):
@@ -98,7 +98,7 @@ class Request:
 
 # ---- device programs -------------------------------------------------------------------------
 
-_STATIC = ("tcfg", "dcfg", "max_new", "stop_ids", "attn_impl")
+_STATIC = ("tcfg", "dcfg", "max_new", "stop_ids", "kernels")
 
 
 def _start(tparams, dparams, prompt, lens, key, rows, *, tcfg, dcfg, num_slots, cache_dtype,
@@ -158,6 +158,7 @@ class Engine:
         self.metrics.set("slots_total", config.max_batch)
         self.max_len = min(config.max_len, target.cfg.max_position_embeddings)
         opts = api.decoding_options(budget=config.budget, attn_impl=config.attn_impl)
+        kernels = api.resolve_kernels(target, opts.attn_impl, opts.matmul_impl, target.mesh)
         self.buckets = config.slot_buckets or slot_buckets(config.max_batch)
         # 4 per call: the host's per-call work costs about as much as a round of a small
         # model on a GPU (docs/serving.md)
@@ -173,13 +174,13 @@ class Engine:
             self.specs = {n: api.adaptive_spec(
                 target, draft, self.tparams, self.dparams,
                 jax.ShapeDtypeStruct((n, context), jnp.int32), opts.tree_spec,
-                opts.attn_impl, None)[0] for n in self.buckets}
+                kernels, None)[0] for n in self.buckets}
         extra = 1 if draft is None else max(
             working_slots(s.budget, draft.dcfg.block_size, s.draft_mode)
             for s in self.specs.values())
         self.num_slots = api.bucket(self.max_len + extra, 128)
         self.loop = dict(tcfg=target.cfg, dcfg=draft and draft.dcfg, max_new=self.max_len,
-                         stop_ids=self.stop_ids, attn_impl=opts.attn_impl)
+                         stop_ids=self.stop_ids, kernels=kernels)
         self.start_static = dict(num_slots=self.num_slots, cache_dtype=jnp.dtype(target.dtype))
         b = config.max_batch
         self.rows = dict(temperature=np.zeros(b, np.float32), top_k=np.zeros(b, np.int32),

@@ -1,15 +1,15 @@
 """Picks an implementation of cache attention for the device; falls back to the reference.
 
 impl:
-  "auto"                  GPU: T == 1 -> split-K decode kernel; compute capability 9.x and a
-                          supported shape -> Hopper Mosaic GPU kernel; else the portable
-                          (Triton-lowered) kernel; each falls back to the next on
-                          NotImplementedError, finally to the XLA reference. CPU: reference
-                          (unless interpret=True: the GPU chain in interpret mode).
-  "reference" / "xla"     pure-JAX reference (XLA).
-  "portable" / "triton"   Pallas, Triton lowering, any NVIDIA GPU.
-  "mosaic" / "hopper"     Pallas Mosaic GPU (wgmma + TMA), sm_90 only.
-  "decode"                split-K decode kernel (T == 1 only).
+  "auto"       GPU: T == 1 -> split-K decode kernel; compute capability 9.x and a supported
+               shape -> Hopper Mosaic GPU kernel; else the portable (Triton-lowered) kernel;
+               each falls back to the next on NotImplementedError, finally to the XLA
+               reference. CPU: reference (unless interpret=True: the GPU chain in interpret
+               mode).
+  "reference"  pure-JAX reference (XLA).
+  "portable"   Pallas, Triton lowering, any NVIDIA GPU.
+  "hopper"     Pallas Mosaic GPU (wgmma + TMA), sm_90 only.
+  "decode"     split-K decode kernel (T == 1 only).
 Forced kernels raise NotImplementedError for shapes they cannot serve.
 interpret=True runs the Pallas kernels in interpret mode (CPU testing).
 """
@@ -34,7 +34,7 @@ def _portable(q, k_cache, v_cache, prefix_len, block_mask, *, interpret=False, c
                                     interpret=interpret)
 
 
-def _mosaic(q, k_cache, v_cache, prefix_len, block_mask, *, interpret=False, config=None):
+def _hopper(q, k_cache, v_cache, prefix_len, block_mask, *, interpret=False, config=None):
     from pallas_kernels.tree_attention.hopper import cache_attention_hopper
 
     return cache_attention_hopper(q, k_cache, v_cache, prefix_len, block_mask, config=config,
@@ -50,11 +50,8 @@ def _decode(q, k_cache, v_cache, prefix_len, block_mask, *, interpret=False, con
 
 IMPLEMENTATIONS = {
     "reference": _reference,
-    "xla": _reference,
     "portable": _portable,
-    "triton": _portable,
-    "mosaic": _mosaic,
-    "hopper": _mosaic,
+    "hopper": _hopper,
     "decode": _decode,
 }
 
@@ -73,7 +70,7 @@ def auto_chain(num_queries: int, *, interpret: bool = False) -> list[str]:
     if num_queries == 1:
         chain.append("decode")
     if interpret or _is_hopper():
-        chain.append("mosaic")
+        chain.append("hopper")
     chain += ["portable", "reference"]
     return chain
 
