@@ -29,6 +29,9 @@ def test_round_trip_and_leaves(kind):
     fused = layout.fuse_projections(params)
     first = fused["layers"][0]
     assert layout.is_fused(fused) and not layout.is_fused(params)
+    # the layout is the weights' type: it survives tree maps and jit, and is static there
+    assert layout.is_fused(jax.tree.map(lambda x: x, fused))
+    assert bool(jax.jit(lambda p: layout.is_fused(p))(fused))
     assert "qkv" in first and not {"q", "k", "v"} & set(first)
     assert first["qkv"].shape == (cfg.hidden_size,
                                   (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim)

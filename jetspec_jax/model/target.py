@@ -15,7 +15,7 @@ from jetspec_jax.model.cache import KVCache, write_slots
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.layers import XLA, moe, project, rms_norm, rope, swiglu
-from jetspec_jax.model.layout import split_qkv
+from jetspec_jax.model.layout import is_fused, split_qkv
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
 from pallas_kernels.tree_attention import cache_attention
 
@@ -33,9 +33,10 @@ def lm_head(params, cfg: ModelConfig, hidden, kernels: Kernels = XLA):
 
 
 def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start,
-                    block_mask, kernels):
-    """x [B, T, D] (already normed). Writes the new K/V at write_start and attends."""
-    if "qkv" in p:  # the fused layout (`layout.py`): one matmul
+                    block_mask, kernels, fused: bool):
+    """x [B, T, D] (already normed). Writes the new K/V at write_start and attends.
+    fused: the layer's weights are in the fused layout (`layout.py`)."""
+    if fused:  # one matmul for q, k and v
         q, k, v = split_qkv(project("BTD,DF->BTF", x, p["qkv"], kernels), cfg)
     else:
         q = project("BTD,DNH->BTNH", x, p["q"], kernels)
@@ -82,25 +83,28 @@ def _fused_decode(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, wri
         return None
 
 
-def mlp_block(p, cfg: ModelConfig, x, kernels: Kernels = XLA):
-    if "gate_up" in p:  # the fused layout (`layout.py`): one matmul for gate and up
-        gate, up = jnp.split(project("BTD,DF->BTF", x, p["gate_up"], kernels), 2, axis=-1)
-        return project("BTF,FD->BTD", jax.nn.silu(gate) * up, p["down"], kernels)
+def mlp_block(p, cfg: ModelConfig, x, kernels: Kernels = XLA, fused: bool = False):
+    """fused: a dense MLP's weights in the fused layout (MoE experts are never fused)."""
     if "router" in p:
         return moe(x, p["router"], p["gate"], p["up"], p["down"],
                    top_k=cfg.experts_per_token, normalize=cfg.norm_topk_prob,
                    kernels=kernels)
+    if fused:  # one matmul for gate and up
+        gate, up = jnp.split(project("BTD,DF->BTF", x, p["gate_up"], kernels), 2, axis=-1)
+        return project("BTF,FD->BTD", jax.nn.silu(gate) * up, p["down"], kernels)
     return swiglu(x, p["gate"], p["up"], p["down"], kernels)
 
 
 def decoder_layer(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start, block_mask,
-                  kernels: Kernels):
+                  kernels: Kernels, fused: bool = False):
     """One layer over the residual stream x [B, T, D] -> (x, k_cache, v_cache)."""
     eps = cfg.rms_norm_eps
     h, k_cache, v_cache = attention_block(p, cfg, rms_norm(x, p["attn_norm"], eps), positions,
-                                          k_cache, v_cache, write_start, block_mask, kernels)
+                                          k_cache, v_cache, write_start, block_mask, kernels,
+                                          fused)
     x = x + h
-    return x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], eps), kernels), k_cache, v_cache
+    return x + mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], eps), kernels, fused), \
+        k_cache, v_cache
 
 
 def forward(params, cfg: ModelConfig, tokens, positions, cache: KVCache, write_start,
@@ -118,7 +122,7 @@ def forward(params, cfg: ModelConfig, tokens, positions, cache: KVCache, write_s
     for i, p in enumerate(params["layers"]):
         with jax.named_scope(f"layer_{i}"):
             x, kc, vc = decoder_layer(p, cfg, x, positions, cache.k[i], cache.v[i],
-                                      write_start, block_mask, kernels)
+                                      write_start, block_mask, kernels, is_fused(params))
         new_k.append(kc)
         new_v.append(vc)
         if i in taps:
