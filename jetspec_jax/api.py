@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from jetspec_jax import costs
 from jetspec_jax.decode import adaptive, streaming
 from jetspec_jax.decode.autoregressive import PREFILL_CHUNK, ar_generate, check_capacity
 from jetspec_jax.draft.head import draft_specs
@@ -219,7 +220,7 @@ def adaptive_spec(target: Target, draft: Draft, tparams, dparams, prompt, spec: 
                   kernels: kernels_lib.Kernels, mesh) -> tuple[TreeSpec, float]:
     """budget="auto": the adaptive TreeSpec over `auto_buckets()`. A round's cost per bucket is
     measured once per (target, head, batch shape, tree options) and kept, as compiled code is
-    (`adaptive.measure_costs`: it depends on shapes, not weights). -> (spec, seconds spent
+    (`costs.measure_costs`: it depends on shapes, not weights). -> (spec, seconds spent
     measuring, 0 when cached)."""
     key = (target.cfg, target.dtype, draft.dcfg, dparams["fc"].dtype, prompt.shape,
            spec.width, spec.method, spec.draft_mode, kernels, mesh, auto_buckets())
@@ -227,13 +228,13 @@ def adaptive_spec(target: Target, draft: Draft, tparams, dparams, prompt, spec: 
     if key not in _COSTS:
         start = time.perf_counter()
         with sharding.use(mesh):
-            _COSTS[key] = adaptive.measure_costs(
+            _COSTS[key] = costs.measure_costs(
                 tparams, target.cfg, dparams, draft.dcfg, buckets=auto_buckets(),
                 width=spec.width, method=spec.method, draft_mode=spec.draft_mode,
                 batch=prompt.shape[0], context_len=prompt.shape[1], kernels=kernels,
                 cache_dtype=target.dtype)
         seconds = time.perf_counter() - start
-    return adaptive.auto_tree_spec(_COSTS[key], width=spec.width, method=spec.method,
+    return costs.auto_tree_spec(_COSTS[key], width=spec.width, method=spec.method,
                                    draft_mode=spec.draft_mode), seconds
 
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from helpers import random_prompts, tiny_head, tiny_target, tree_equal
 from test_sampling import check_speculative_sampling
 from test_speculative import assert_same, check_stats, run_both
+from jetspec_jax import costs
 from jetspec_jax.decode import adaptive
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec
@@ -135,10 +136,10 @@ def test_adaptive_sampling_matches_target_distribution():
 def test_measure_costs_and_auto_tree_spec():
     tcfg, tp = tiny_target("dense", vocab=12)
     dcfg, dp = tiny_head(tcfg, block_size=6)
-    table = adaptive.measure_costs(tp, tcfg, dp, dcfg, buckets=(4, 8), width=3, batch=2,
-                                   context_len=10, repeats=2)
+    table = costs.measure_costs(tp, tcfg, dp, dcfg, buckets=(4, 8), width=3, batch=2,
+                                context_len=10, repeats=2)
     assert sorted(table) == [4, 8] and all(t > 0 for t in table.values())
-    spec = adaptive.auto_tree_spec(table, width=3)
+    spec = costs.auto_tree_spec(table, width=3)
     assert spec.budget == 8 and spec.buckets == (4, 8) and len(spec.bucket_costs) == 2
 
 

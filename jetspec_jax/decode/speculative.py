@@ -44,7 +44,8 @@ class TreeSpec:
     draft_mode: "per_depth" (the tree from the first pass's per-depth marginals) or "path"
     (then re-grown from a path-conditioned pass, `path_draft.py`). buckets / bucket_costs:
     adaptive budget (`adaptive.py`): each round picks one of these tree sizes, costs in seconds
-    per round; budget must then be the largest bucket (`adaptive.auto_tree_spec` builds it)."""
+    per round; budget must then be the largest bucket (`jetspec_jax.costs.auto_tree_spec`
+    builds it)."""
 
     budget: int = 64
     width: int = 7

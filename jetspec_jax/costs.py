@@ -1,0 +1,62 @@
+"""Round costs for the adaptive budget, measured on the host: one speculative round timed per
+tree-size bucket (`measure_costs`), and the TreeSpec built from them (`auto_tree_spec`). The
+on-device choice between buckets is `decode.adaptive`."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from jetspec_jax.decode import speculative
+from jetspec_jax.decode.adaptive import DEFAULT_BUCKETS
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec
+from jetspec_jax.model.kernels import Kernels
+
+
+def measure_costs(tparams, tcfg, dparams, dcfg, *, buckets=DEFAULT_BUCKETS, width: int = 7,
+                  method: str = "accum_logp", draft_mode: str = "per_depth", batch: int = 1,
+                  context_len: int = 256, kernels: Kernels = Kernels(), cache_dtype=None,
+                  repeats: int = 10, seed: int = 0) -> dict[int, float]:
+    """{bucket: seconds} of one speculative round (draft, tree, verify, accept, commit) at a
+    fixed budget, on this device, for a batch at context length context_len: median of
+    `repeats` runs after a warm-up, each timed with block_until_ready. Random prompt tokens:
+    the cost does not depend on the values."""
+    blk = dcfg.block_size
+    max_new = 2 * blk
+    slots = context_len + max_new + speculative.working_slots(max(buckets), blk, draft_mode)
+    static = dict(max_new=max_new, sampler=Sampler(), stop_ids=(), kernels=kernels)
+    prompt = jax.random.randint(jax.random.key(seed), (batch, context_len), 0, tcfg.vocab_size,
+                                jnp.int32)
+    init = jax.jit(speculative.init_state, static_argnames=(
+        "tcfg", "dcfg", "max_new", "sampler", "stop_ids", "num_slots", "kernels",
+        "cache_dtype"))
+    state = init(tparams, tcfg=tcfg, dparams=dparams, dcfg=dcfg, prompt=prompt,
+                 prompt_lens=jnp.full((batch,), context_len, jnp.int32), key=jax.random.key(seed),
+                 num_slots=slots, cache_dtype=cache_dtype or tparams["embed"].dtype, **static)
+    table = {}
+    for b in buckets:
+        spec = TreeSpec(b, width, method, draft_mode)
+        step = jax.jit(lambda tp, dp, s, spec=spec: speculative.speculative_round(
+            tp, tcfg, dp, dcfg, s, tree_spec=spec, **static))
+        for _ in range(2):
+            jax.block_until_ready(step(tparams, dparams, state))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(step(tparams, dparams, state))
+            times.append(time.perf_counter() - start)
+        table[b] = statistics.median(times)
+    return table
+
+
+def auto_tree_spec(costs: dict[int, float], *, width: int = 7, method: str = "accum_logp",
+                   draft_mode: str = "per_depth"):
+    """The TreeSpec of `budget="auto"`: buckets and their costs from a `measure_costs` table;
+    the budget (what cache sizing sees) is the largest bucket."""
+    buckets = tuple(sorted(costs))
+    return TreeSpec(budget=buckets[-1], width=width, method=method, draft_mode=draft_mode,
+                    buckets=buckets, bucket_costs=tuple(float(costs[b]) for b in buckets))
