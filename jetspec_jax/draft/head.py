@@ -125,6 +125,21 @@ def key_value(p, cfg: ModelConfig, x, positions):
     return rope(k, positions, cfg.rope_theta), v
 
 
+def draft_layer(p, cfg: ModelConfig, x, positions, attend):
+    """One draft decoder layer over x [B, T, D] at positions [B, T] -> (x, aux): the one body
+    that inference (`head_hidden`), training (`train.head_forward`) and the EAGLE-style head
+    share. attend(q, k, v) -> (out [B, T, N, H], aux) gets this layer's normed, rotated
+    q [B, T, N, H] and k, v [B, T, K, H] and decides what else they see (the cache, the dense
+    training context, a branch's ancestors)."""
+    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
+    q = rope(q, positions, cfg.rope_theta)
+    k, v = key_value(p, cfg, h, positions)
+    out, aux = attend(q, k, v)
+    x = x + jnp.einsum("BTNH,NHD->BTD", out, p["o"])
+    return x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)), aux
+
+
 def extend_context(dparams, dcfg: DraftConfig, cache: KVCache, taps, num_new) -> KVCache:
     """Adds the first num_new[b] rows of taps [B, T, k*D] to every draft layer's context K/V."""
     cfg = dcfg.layers
@@ -169,16 +184,13 @@ def head_hidden(dparams, dcfg: DraftConfig, cache: KVCache, x, positions, mask, 
     (`path_draft.py`)."""
     cfg = dcfg.layers
     start = cache.lengths
+    impl, interpret = kernels.cache_attention()
     for p, kc, vc in zip(dparams["layers"], cache.k, cache.v):
-        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-        q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
-        q = rope(q, positions, cfg.rope_theta)
-        k, v = key_value(p, cfg, h, positions)
-        kc, vc = write_slots(kc, k, start), write_slots(vc, v, start)
-        impl, interpret = kernels.cache_attention()
-        attn = cache_attention(q, kc, vc, start, mask, impl=impl, interpret=interpret)
-        x = x + jnp.einsum("BTNH,NHD->BTD", attn, p["o"])
-        x = x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
+        def attend(q, k, v, kc=kc, vc=vc):
+            kc, vc = write_slots(kc, k, start), write_slots(vc, v, start)
+            return cache_attention(q, kc, vc, start, mask, impl=impl, interpret=interpret), None
+
+        x, _ = draft_layer(p, cfg, x, positions, attend)
     return rms_norm(x, dparams["norm"], cfg.rms_norm_eps)
 
 

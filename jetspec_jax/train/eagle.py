@@ -39,7 +39,7 @@ from jetspec_jax.io.shards import is_shard_export, read_shards, save_shards, unf
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache, write_slots
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.model.layers import rms_norm, rope
+from jetspec_jax.model.layers import rms_norm
 from jetspec_jax.model.params import ParamSpec, check_params, layer_specs
 from jetspec_jax.train.head_forward import dense_attention
 from pallas_kernels.tree_attention import cache_attention
@@ -130,16 +130,10 @@ def _step(eparams, ecfg: EagleConfig, tparams, feats, tokens, positions, attend)
     """The layer on queries (feature of the previous position [B, Q, D], token [B, Q]) at
     positions [B, Q]. attend(q, k, v) -> (out [B, Q, N, H], aux) sees this step's rotated q, k
     and v. Returns (hidden [B, Q, D], aux)."""
-    cfg, p = ecfg.layers, eparams["layer"]
+    cfg = ecfg.layers
     emb = rms_norm(target.embed(tparams, tokens), eparams["embed_norm"], cfg.rms_norm_eps)
     x = jnp.concatenate([emb.astype(feats.dtype), feats], axis=-1) @ eparams["fuse"]
-    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-    q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
-    q = rope(q, positions, cfg.rope_theta)
-    k, v = draft_head.key_value(p, cfg, h, positions)
-    out, aux = attend(q, k, v)
-    x = x + jnp.einsum("BTNH,NHD->BTD", out, p["o"])
-    return x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)), aux
+    return draft_head.draft_layer(eparams["layer"], cfg, x, positions, attend)
 
 
 def _logits(eparams, ecfg: EagleConfig, tparams, tcfg: ModelConfig, hidden):

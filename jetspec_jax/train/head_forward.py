@@ -19,8 +19,9 @@ from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.model import target
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.model.layers import rms_norm, rope
+from jetspec_jax.model.layers import rms_norm
 from jetspec_jax.train.prefix_fill import filled_block_inputs
+from pallas_kernels.tree_attention.reference import masked_attention
 
 
 def target_pass(tparams, tcfg: ModelConfig, tokens, tap_layers):
@@ -66,15 +67,9 @@ def block_visibility(dcfg: DraftConfig, anchors, seq_len: int):
 
 
 def dense_attention(q, k, v, visible):
-    """q [B, Q, N, H]; k, v [B, S, K, H]; visible [B, Q, S] -> [B, Q, N, H]; softmax in f32."""
-    b, nq, n, h = q.shape
-    kh = k.shape[2]
-    qg = q.reshape(b, nq, kh, n // kh, h)  # [B, Q, K, G, H]
-    logits = jnp.einsum("BQKGH,BSKH->BKGQS", qg, k, preferred_element_type=jnp.float32)
-    logits = jnp.where(visible[:, None, None], logits * h**-0.5, -jnp.inf)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    out = jnp.einsum("BKGQS,BSKH->BQKGH", probs, v, preferred_element_type=jnp.float32)
-    return out.reshape(b, nq, n, h).astype(q.dtype)
+    """q [B, Q, N, H]; k, v [B, S, K, H]; visible [B, Q, S] -> [B, Q, N, H]; softmax in f32
+    (the tree-attention reference under a dense mask)."""
+    return masked_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), visible)
 
 
 def head_context(dparams, dcfg: DraftConfig, taps):
@@ -110,14 +105,12 @@ def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, to
     positions = (anchors[:, :, None] + jnp.arange(blk, dtype=jnp.int32)).reshape(b, a * blk)
     visible = block_visibility(dcfg, anchors, t)
     for p, kc, vc in zip(dparams["layers"], ctx.k, ctx.v):
-        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-        q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
-        q = rope(q, positions, cfg.rope_theta)
-        k, v = draft_head.key_value(p, cfg, h, positions)  # the block's own K/V, as at inference
-        k = jnp.concatenate([kc.transpose(0, 2, 1, 3).astype(k.dtype), k], axis=1)
-        v = jnp.concatenate([vc.transpose(0, 2, 1, 3).astype(v.dtype), v], axis=1)
-        x = x + jnp.einsum("BTNH,NHD->BTD", dense_attention(q, k, v, visible), p["o"])
-        x = x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps))
+        def attend(q, k, v, kc=kc, vc=vc):  # the block's own K/V after the context's
+            k = jnp.concatenate([kc.transpose(0, 2, 1, 3).astype(k.dtype), k], axis=1)
+            v = jnp.concatenate([vc.transpose(0, 2, 1, 3).astype(v.dtype), v], axis=1)
+            return dense_attention(q, k, v, visible), None
+
+        x, _ = draft_head.draft_layer(p, cfg, x, positions, attend)
     x = rms_norm(x, dparams["norm"], cfg.rms_norm_eps).reshape(b, a, blk, -1)
     return target.lm_head(tparams, tcfg, x[:, :, 1:].reshape(b, a * (blk - 1), -1)).reshape(
         b, a, blk - 1, -1)

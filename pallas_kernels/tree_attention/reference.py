@@ -34,16 +34,23 @@ def cache_attention_reference(q, k_cache, v_cache, prefix_len, block_mask=None):
     """q [B, T, N, H]; k_cache, v_cache [B, K, S, H]; prefix_len [B]; block_mask [B, T, T] bool
     or None (causal). The block's own keys must already sit at slots prefix_len + j.
     Returns [B, T, N, H] in q.dtype; softmax in float32."""
+    visible = visibility(prefix_len, block_mask, q.shape[1], k_cache.shape[2])
+    return masked_attention(q, k_cache, v_cache, visible)
+
+
+def masked_attention(q, k, v, visible):
+    """q [B, T, N, H]; k, v [B, K, S, H]; visible [B, T, S] bool -> [B, T, N, H] in q.dtype,
+    softmax in float32: attention under any dense visibility (GQA: query head n reads KV head
+    n // (N / K))."""
     b, t, n, h = q.shape
-    k_heads, s = k_cache.shape[1], k_cache.shape[2]
+    k_heads = k.shape[1]
     g = n // k_heads
     qg = q.reshape(b, t, k_heads, g, h)  # [B, T, K, G, H]
     logits = jnp.einsum(
-        "BTKGH,BKSH->BKGTS", _cpu_safe(qg), _cpu_safe(k_cache), preferred_element_type=jnp.float32
+        "BTKGH,BKSH->BKGTS", _cpu_safe(qg), _cpu_safe(k), preferred_element_type=jnp.float32
     ) * (h**-0.5)
-    visible = visibility(prefix_len, block_mask, t, s)[:, None, None]  # [B, 1, 1, T, S]
-    logits = jnp.where(visible, logits, -jnp.inf)
+    logits = jnp.where(visible[:, None, None], logits, -jnp.inf)  # [B, K, G, T, S]
     probs = jax.nn.softmax(logits, axis=-1)
-    out = jnp.einsum("BKGTS,BKSH->BTKGH", _cpu_safe(probs.astype(v_cache.dtype)),
-                     _cpu_safe(v_cache), preferred_element_type=jnp.float32)
+    out = jnp.einsum("BKGTS,BKSH->BTKGH", _cpu_safe(probs.astype(v.dtype)), _cpu_safe(v),
+                     preferred_element_type=jnp.float32)
     return out.reshape(b, t, n, h).astype(q.dtype)
