@@ -125,9 +125,9 @@ def build_variants(t):
     ip = INTERPRET
     v["portable"] = (lambda q, k, vv, p, m, aux: cache_attention_portable(
         q, k, vv, p, m, interpret=ip), True)
-    v["mosaic"] = (lambda q, k, vv, p, m, aux: cache_attention_hopper(
+    v["hopper"] = (lambda q, k, vv, p, m, aux: cache_attention_hopper(
         q, k, vv, p, m, interpret=ip), False)
-    v["mosaic_smemP"] = (
+    v["hopper_smemP"] = (
         lambda q, k, vv, p, m, aux: cache_attention_hopper(
             q, k, vv, p, m, config=MosaicConfig(block_k=64, stages=4, pv_via_smem=True),
             interpret=ip), False)
@@ -164,8 +164,8 @@ def build_variants(t):
     except Exception:  # not installed
         pass
     del jnp
-    order = ["xla_ref", "portable", "decode", "cudnn", "tokamax", "tokamax_mosaic", "mosaic",
-             "mosaic_smemP", "auto"]  # own Mosaic kernels last: a GPU hang loses least
+    order = ["xla_ref", "portable", "decode", "cudnn", "tokamax", "tokamax_mosaic", "hopper",
+             "hopper_smemP", "auto"]  # own Mosaic kernels last: a GPU hang loses least
     return {name: v[name] for name in order if name in v}
 
 
@@ -316,8 +316,8 @@ def run_timing(stage, shapes, results, save, deadline, iters, unroll, skip_varia
 
     bad_variants = {r["variant"] for r in results["check"]
                     if r.get("ok") is False and "variant" in r}
-    if "mosaic" in bad_variants and "mosaic_smemP" not in bad_variants:
-        skip_variants = skip_variants - {"mosaic_smemP"}  # time the variant that works
+    if "hopper" in bad_variants and "hopper_smemP" not in bad_variants:
+        skip_variants = skip_variants - {"hopper_smemP"}  # time the variant that works
     for (b, t, s) in shapes:
         prefix = [s - t] * b
         q, k, v, p, m = make_inputs(7, b, t, N_HEADS, KV_HEADS, HEAD_DIM, s, prefix,
@@ -447,7 +447,7 @@ def main():
             ds = DECODE_S if not args.quick else (2048, 32768)
             if args.dry_run:
                 vt, vs, ds = (16,), (128,), (128,)
-            skip = user_skip | {"mosaic_smemP", "auto"}
+            skip = user_skip | {"hopper_smemP", "auto"}
             run_timing("verify", [(1, t, s) for t in vt for s in vs], results, save, deadline,
                        args.iters, args.unroll, skip)
             db = DECODE_B if not args.dry_run else (1,)

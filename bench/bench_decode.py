@@ -50,6 +50,7 @@ def bench_jax(args):
     import jax.numpy as jnp
 
     from jetspec_jax.model import config, params as P
+    from jetspec_jax.model.kernels import choose
     from jetspec_jax.model.layout import fuse_projections
 
     stream_bw, copy_bw = measure_bandwidth()
@@ -67,7 +68,8 @@ def bench_jax(args):
             timed = (jax.block_until_ready(jax.jit(fuse_projections)(params))
                      if layout == "fused" else params)  # q/k/v, gate/up concatenated
             for impl in args.attn_impls:
-                rows.append({**time_model(cfg, timed, args.context, impl, stream_bw),
+                kernels = choose(impl, moe=cfg.is_moe)
+                rows.append({**time_model(cfg, timed, args.context, kernels, stream_bw),
                              "layout": layout})
                 print(json.dumps(rows[-1]), flush=True)
             del timed
@@ -77,7 +79,8 @@ def bench_jax(args):
     return {"stream_bw": stream_bw, "copy_bw": copy_bw, "rows": rows}
 
 
-def time_model(cfg, params, context, attn_impl, stream_bw):
+def time_model(cfg, params, context, kernels, stream_bw):
+    """ms per token of batch-1 decoding with these `Kernels` (and the bandwidth floor)."""
     import jax
     import jax.numpy as jnp
 
@@ -91,7 +94,7 @@ def time_model(cfg, params, context, attn_impl, stream_bw):
     @functools.partial(jax.jit, donate_argnames=("cache",))
     def run_prefill(params, cache, prompt):
         lens = jnp.full((1,), prompt.shape[1], jnp.int32)
-        logits, cache, _ = prefill(params, cfg, prompt, lens, cache, attn_impl=attn_impl)
+        logits, cache, _ = prefill(params, cfg, prompt, lens, cache, kernels=kernels)
         return jnp.argmax(logits, -1).astype(jnp.int32), cache
 
     @functools.partial(jax.jit, donate_argnames=("cache",))
@@ -101,7 +104,7 @@ def time_model(cfg, params, context, attn_impl, stream_bw):
         def body(i, carry):
             cache, last = carry
             nxt, cache = decode_step(params, cfg, cache, last, jax.random.key(0), greedy, done,
-                                     attn_impl)
+                                     kernels)
             return cache, nxt
 
         cache, last = jax.lax.fori_loop(0, steps, body, (cache, last))
@@ -132,7 +135,7 @@ def time_model(cfg, params, context, attn_impl, stream_bw):
     floor = (wbytes + kvbytes) / stream_bw
     stats = jax.devices()[0].memory_stats() or {}
     return {
-        "model": cfg.name, "attn_impl": attn_impl, "context": context,
+        "model": cfg.name, "attn_impl": kernels.attention, "context": context,
         "ms_per_token": per_token * 1e3, "tok_s": 1 / per_token,
         "floor_ms": floor * 1e3, "fraction_of_floor": floor / per_token,
         "achieved_TBps": (wbytes + kvbytes) / per_token / 1e12,
@@ -226,7 +229,8 @@ def main():
     parser.add_argument("files", nargs="*")
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--attn-impls", nargs="+", default=["reference"])
+    parser.add_argument("--attn-impls", nargs="+", default=["reference"],
+                        help="attention kernels timed in turn (`jetspec_jax.model.kernels`)")
     parser.add_argument("--layouts", nargs="+", default=["separate"],
                         choices=["separate", "fused"],
                         help="weight layouts timed in turn, same weights: fused = q/k/v and "

@@ -6,7 +6,7 @@ of the same batch. Greedy; outputs are compared token for token with autoregress
 Prompts come from the benchmark sets of `bench.common.prompts`. Per
 benchmark and budget it reports tau (tokens committed per round), tok/s, the speedup over
 autoregressive decoding and, for the adaptive modes, the mean tree size actually verified.
-The adaptive cost table is measured on this device at start-up (`adaptive.measure_costs`)
+The adaptive cost table is measured on this device at start-up (`costs.measure_costs`)
 and stored with the results.
 
   python -m bench.bench_drafting --draft runs/head/head --per-benchmark 16 --budgets 64 256
@@ -33,13 +33,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.common.prompts import BENCHMARKS
-from jetspec_jax import api
-from jetspec_jax.decode import adaptive
+from jetspec_jax import api, costs as round_costs
 from jetspec_jax.decode.autoregressive import ar_generate
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.model import params as P
+from jetspec_jax.options import GPU_BUCKETS
 
 MODES = {  # name -> (draft_mode, adaptive)
     "per_depth": ("per_depth", False),
@@ -77,16 +77,17 @@ def tree_spec(mode: str, budget: int, width: int, costs: dict) -> TreeSpec:
     if not is_adaptive:
         return TreeSpec(budget, width, draft_mode=draft_mode)
     table = {b: t for b, t in costs[draft_mode].items() if b <= budget}
-    return adaptive.auto_tree_spec(table or {budget: 1.0}, width=width, draft_mode=draft_mode)
+    return round_costs.auto_tree_spec(table or {budget: 1.0}, width=width,
+                                      draft_mode=draft_mode)
 
 
-def bench_one(target, draft, ids, args, costs, attn_impl, done=frozenset()):
+def bench_one(target, draft, ids, args, costs, kernels, done=frozenset()):
     """Yields one row per (budget, mode) of one benchmark, skipping those in `done`."""
     todo = [(b, m) for b in args.budgets for m in args.modes if (b, m) not in done]
     if not todo:
         return
     static = dict(max_new=args.max_new_tokens, sampler=Sampler(), stop_ids=(),
-                  attn_impl=attn_impl, cache_dtype=jnp.dtype(target.dtype))
+                  kernels=kernels, cache_dtype=jnp.dtype(target.dtype))
     key = jax.random.key(0)
     batch = api.make_batch(target, ids, args.max_new_tokens, 1)
     ar, _, ar_s = run_timed(ar_generate, (target.params, batch.prompt, batch.lens, key),
@@ -140,7 +141,7 @@ def main():
                     help="prompts per benchmark (the first N; all when 0)")
     ap.add_argument("--budgets", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    ap.add_argument("--buckets", type=int, nargs="+", default=list(adaptive.DEFAULT_BUCKETS),
+    ap.add_argument("--buckets", type=int, nargs="+", default=list(GPU_BUCKETS),
                     help="adaptive tree sizes (those <= the budget are used)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--width", type=int, default=7)
@@ -154,9 +155,10 @@ def main():
                     help="output path without suffix (default bench/results/drafting/"
                          "drafting_<device>_<date>); writes .json and .md")
     args = ap.parse_args()
-    attn_impl = api.resolve_attn_impl(args.attn_impl)
+    api.decoding_options(attn_impl=args.attn_impl)  # a bad kernel name before loading
     api.exact_float32(args.dtype)
     target = api.load_target(args.model, dtype=args.dtype)
+    kernels = api.resolve_kernels(target, args.attn_impl)
     draft = (random_draft(target, args.seed) if args.draft == "random"
              else api.load_draft(args.draft, target))
     device = str(jax.devices()[0].device_kind)
@@ -179,12 +181,12 @@ def main():
         costs = {m: {int(b): t for b, t in table.items()}  # JSON keys are strings
                  for m, table in result["costs"].get(name, {}).items()}
         for draft_mode in {MODES[m][0] for m in args.modes if MODES[m][1]} - set(costs):
-            costs[draft_mode] = adaptive.measure_costs(
+            costs[draft_mode] = round_costs.measure_costs(
                 target.params, target.cfg, draft.params, draft.dcfg, buckets=buckets,
                 width=args.width, draft_mode=draft_mode, batch=len(ids), context_len=context,
-                attn_impl=attn_impl)
+                kernels=kernels)
         result["costs"][name] = costs
-        for row in bench_one(target, draft, ids, args, costs, attn_impl, done):
+        for row in bench_one(target, draft, ids, args, costs, kernels, done):
             row.update(benchmark=name, num_prompts=len(ids))
             result["rows"].append(row)
             write_json(f"{out}.json", result)

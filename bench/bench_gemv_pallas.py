@@ -19,11 +19,12 @@ steps, in one process.
     with P = M distinct chosen experts: the gather + einsum vs `grouped_small_m_matmul_pallas`
     (bytes: the P experts' weights). M = 1 (P = 8 for MoE) first, then the decode steps, then
     the larger M while --budget-s lasts. --write-table: the dense shapes where the best
-    config beat XLA by more than --margin, as the table `matmul_impl="tuned"` reads
+    config beat XLA by more than --margin, as the table the matmul kernel "tuned" reads
     (`pallas_kernels/gemv/tuned_<gpu>.json`).
-(c) decode steps (random bf16 weights made leaf by leaf, ctx --context, batch 1), matmul_impl
-    xla / tuned / pallas for Qwen3-8B and Qwen3-30B-A3B (30B: "tuned" = XLA dense + the
-    grouped MoE kernel, "pallas" = both kernels) (`bench_decode.time_model`: per-token time
+(c) decode steps (random bf16 weights made leaf by leaf, ctx --context, batch 1), matmul kernel
+    (`Kernels.matmul`, the rows' "matmul_impl") xla / tuned / pallas for Qwen3-8B and
+    Qwen3-30B-A3B (30B: "tuned" = XLA dense + the grouped MoE kernel, "pallas" = both
+    kernels) (`bench_decode.time_model`: per-token time
     from the difference of two loop lengths), ms/token and TB/s over weights + KV. "tuned"
     reads the table committed for this GPU (pallas_kernels/gemv/tuned_h200.json).
 Percentages are of PEAK_TBPS, the weight-streaming bandwidth measured on the H200
@@ -57,7 +58,7 @@ QUICK_SHAPES = {"q/o": (256, 256), "k/v": (256, 64), "lm_head": (200, 1000)}
 GROUPED_SHAPES = {"moe gate/up": (128, 2048, 768), "moe down": (128, 768, 2048)}
 GROUPED_PAIRS = {1: 8, 4: 32}  # dense M (batch rows) -> pairs at top-8
 QUICK_GROUPED = {"moe gate/up": (8, 64, 48)}
-# Decode steps: model -> matmul_impls timed (in this order, same process).
+# Decode steps: model -> matmul kernels timed (in this order, same process).
 # 30B "tuned": XLA for its dense shapes (none in the table) + the grouped MoE kernel, which
 # isolates the MoE kernel; "pallas" adds the dense kernel on 30B's (unmeasured) shapes.
 DECODE = {"qwen3-8b": ("xla", "tuned", "pallas"),
@@ -179,13 +180,14 @@ def bench_shape(name, k, n, ms, args, deadline, rows, num_experts=0):
 
 
 def bench_decode_steps(models, args):
-    """Whole decode steps, per model (random weights built once) and matmul_impl, same
+    """Whole decode steps, per model (random weights built once) and matmul kernel, same
     process. A failing variant is recorded and the rest go on."""
     import jax
 
     from bench.bench_decode import time_model
     from bench.common.models import random_params, weight_bytes_per_token
     from jetspec_jax.model import config, params as P
+    from jetspec_jax.model.kernels import choose
 
     rows = []
     for name, impls in models.items():
@@ -195,11 +197,10 @@ def bench_decode_steps(models, args):
         jax.block_until_ready(params)
         print(f"{name}: random weights in {time.perf_counter() - t:.1f} s", flush=True)
         for impl in impls:
-            if args.interpret:  # CPU: the kernels in interpret mode
-                impl = {"pallas": "pallas_interpret"}.get(impl, impl)
             try:
-                row = time_model(cfg.replace(matmul_impl=impl), params, args.context,
-                                 args.attn_impl, PEAK_TBPS * 1e12)
+                kernels = dataclasses.replace(  # CPU: the kernels in interpret mode
+                    choose(args.attn_impl, impl, moe=cfg.is_moe), interpret=args.interpret)
+                row = time_model(cfg, params, args.context, kernels, PEAK_TBPS * 1e12)
                 row.update(matmul_impl=impl, weight_TBps=weight_bytes_per_token(cfg)
                            / (row["ms_per_token"] * 1e-3) / 1e12)
             except Exception as e:
@@ -214,7 +215,7 @@ def bench_decode_steps(models, args):
 
 
 def tuned_table(rows, margin, device):
-    """The `matmul_impl="tuned"` table: per dense (K, N, M), the best correct kernel config
+    """The table of matmul kernel "tuned": per dense (K, N, M), the best correct kernel config
     where it beat XLA's time by more than `margin` (0.03: 3%)."""
     entries = []
     for (k, n, m), group in _groups(r for r in rows if r.get("kernel", "gemv") == "gemv"):
@@ -300,7 +301,7 @@ def report(result):
 
 
 def add_timing_options(parser, decode):
-    """Timing loop lengths and the decode steps (decode: model -> matmul_impls)."""
+    """Timing loop lengths and the decode steps (decode: model -> matmul kernels)."""
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--context", type=int, default=1024)

@@ -40,6 +40,7 @@ from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.model import config, params as P, sharding
 from jetspec_jax.model.cache import KVCache
+from jetspec_jax.model.kernels import choose
 from jetspec_jax.model.params import is_spec
 from jetspec_jax.decode.speculative import (TreeSpec, init_state, speculative_round,
                                      working_slots)
@@ -102,29 +103,30 @@ def programs(cfg, dcfg, mesh, args):
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     n_abs = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
     key_abs = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+    kernels = choose(args.attn_impl, moe=cfg.is_moe, sharded=mesh.size > 1)
     out = {}
     with sharding.use(mesh):
         for b in args.batches:
             layout = jax.eval_shape(lambda tp, dp: init_state(
                 tp, cfg, dp, dcfg, jnp.zeros((b, 1), jnp.int32), jnp.ones((b,), jnp.int32),
                 jax.random.key(0), max_new=max_new, sampler=GREEDY, stop_ids=(),
-                num_slots=slots, attn_impl=args.attn_impl, cache_dtype=args.dtype), tabs, dabs)
+                num_slots=slots, kernels=kernels, cache_dtype=args.dtype), tabs, dabs)
             ssh = sharding.state_shardings(layout, mesh)
             sabs = abstract(layout, ssh)
             make = jax.jit(functools.partial(synthetic_state, layout, args.context,
                                              cfg.vocab_size), out_shardings=ssh)
             out[("state", b)] = make.lower(key_abs)
             out[("ar", b)] = jax.jit(functools.partial(
-                ar_loop, cfg=cfg, steps=max(args.ar_steps), attn_impl=args.attn_impl)).lower(
+                ar_loop, cfg=cfg, steps=max(args.ar_steps), kernels=kernels)).lower(
                 tabs, sabs, n_abs)
             for budget in args.budgets:
                 out[("spec", b, budget)] = jax.jit(functools.partial(
                     spec_loop, cfg=cfg, dcfg=dcfg, budget=budget, max_new=max_new,
-                    attn_impl=args.attn_impl)).lower(tabs, dabs, sabs, n_abs)
+                    kernels=kernels)).lower(tabs, dabs, sabs, n_abs)
     return out
 
 
-def ar_loop(tparams, state, n, *, cfg, steps, attn_impl):
+def ar_loop(tparams, state, n, *, cfg, steps, kernels):
     """n greedy decode steps from the state's cache and anchor -> tokens [B, steps]."""
     b = state.anchor.shape[0]
     done = jnp.zeros((b,), bool)
@@ -132,18 +134,18 @@ def ar_loop(tparams, state, n, *, cfg, steps, attn_impl):
     def body(i, carry):
         cache, last, tokens = carry
         nxt, cache = decode_step(tparams, cfg, cache, last, jax.random.key(0), GREEDY, done,
-                                 attn_impl)
+                                 kernels)
         return cache, nxt, tokens.at[:, i].set(nxt)
 
     carry = (state.cache, state.anchor, jnp.zeros((b, steps), jnp.int32))
     return jax.lax.fori_loop(0, n, body, carry)[2]
 
 
-def spec_loop(tparams, dparams, state, n, *, cfg, dcfg, budget, max_new, attn_impl):
+def spec_loop(tparams, dparams, state, n, *, cfg, dcfg, budget, max_new, kernels):
     """n speculative rounds -> (tokens [B, M], num_tokens [B])."""
     round_fn = functools.partial(speculative_round, tparams, cfg, dparams, dcfg,
                                  tree_spec=TreeSpec(budget, 7), sampler=GREEDY, stop_ids=(),
-                                 max_new=max_new, attn_impl=attn_impl)
+                                 max_new=max_new, kernels=kernels)
     state = jax.lax.fori_loop(0, n, lambda i, s: sharding.constrain_state(round_fn(s)), state)
     return state.out.tokens, state.out.num_tokens
 

@@ -36,6 +36,7 @@ from jetspec_jax.decode.tree import build_trees, topk_from_logits
 from jetspec_jax.decode.verify import accept, commit, verify_tree
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.model import config, params as P
+from jetspec_jax.model.kernels import Kernels, choose
 from jetspec_jax.model.layout import fuse_projections
 from bench.common.results_io import command_line, resume, write_json
 from bench.common.timing import median_seconds
@@ -64,10 +65,10 @@ def check_kernels(dtype):
     lens = jnp.array([96, 57], jnp.int32)
     kw = dict(max_new=64, sampler=GREEDY, stop_ids=(), num_slots=512, cache_dtype=dtype)
     outs = {}
-    for impl in ("reference", "auto"):
-        outs[impl] = spec_generate(tp, dp, prompt, lens, jax.random.key(3), tcfg=tcfg, dcfg=dcfg,
-                                   tree_spec=TreeSpec(64, 7), attn_impl=impl, **kw)[0]
-    ar = ar_generate(tp, prompt, lens, jax.random.key(3), cfg=tcfg, attn_impl="auto", **kw)
+    for name, kernels in (("reference", Kernels()), ("auto", choose())):
+        outs[name] = spec_generate(tp, dp, prompt, lens, jax.random.key(3), tcfg=tcfg, dcfg=dcfg,
+                                   tree_spec=TreeSpec(64, 7), kernels=kernels, **kw)[0]
+    ar = ar_generate(tp, prompt, lens, jax.random.key(3), cfg=tcfg, kernels=choose(), **kw)
     same = lambda a, b: float(jnp.mean(a.tokens[:, :64] == b.tokens[:, :64]))  # noqa: E731
     return {"dtype": jnp.dtype(dtype).name,
             "kernels_vs_reference_token_match": same(outs["auto"], outs["reference"]),
@@ -95,12 +96,13 @@ def round_phases(tcfg, tp, dcfg, dp, state, spec, batch):
     fori = lambda n, body, carry: jax.lax.fori_loop(0, n, lambda i, c: body(c), carry)  # noqa: E731
     zero = jnp.zeros((), jnp.float32)
     active = jnp.ones((batch,), bool)
+    kernels = choose(moe=tcfg.is_moe)
 
     def draft_logits(tp, dp, s, eps):
         taps = s.pending_taps + eps.astype(s.pending_taps.dtype)
         ctx = draft_head.extend_context(dp, dcfg, s.draft_cache, taps, s.pending_count)
         return draft_head.draft_block(dp, dcfg, tp, tcfg, ctx, s.anchor,
-                                      depths=spec.draft_depths(dcfg.depth), attn_impl="auto")
+                                      depths=spec.draft_depths(dcfg.depth), kernels=kernels)
 
     def tree_of(lg, anchor, eps):
         return build_trees(anchor, *topk_from_logits(lg + eps, spec.draft_width),
@@ -108,7 +110,7 @@ def round_phases(tcfg, tp, dcfg, dp, state, spec, batch):
 
     def verified(tp, cache, tree):
         logits, cache, _ = verify_tree(tp, tcfg, cache, tree, taps=dcfg.tap_layers,
-                                       attn_impl="auto")
+                                       kernels=kernels)
         return jnp.argmax(logits, -1).astype(jnp.int32), cache
 
     dlogits = jax.jit(draft_logits)(tp, dp, state, zero)
@@ -163,16 +165,17 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool, deadli
     prompt = jax.random.randint(jax.random.key(2), (batch, context), 0, tcfg.vocab_size,
                                 jnp.int32)
     lens = jnp.full((batch,), context, jnp.int32)
+    kernels = choose(moe=tcfg.is_moe)
     make_state = jax.jit(lambda tp, dp, prompt, lens, key: init_state(
         tp, tcfg, dp, dcfg, prompt, lens, key, max_new=512, sampler=GREEDY, stop_ids=(),
-        num_slots=num_slots, attn_impl="auto", cache_dtype=jnp.bfloat16))
+        num_slots=num_slots, kernels=kernels, cache_dtype=jnp.bfloat16))
     state = make_state(tp, dp, prompt, lens, jax.random.key(0))
     jax.block_until_ready(state)
     done = jnp.zeros((batch,), bool)
 
     def ar_steps(tp, cache, last, n):
         step = lambda i, c: decode_step(tp, tcfg, c[1], c[0], jax.random.key(0), GREEDY, done,  # noqa: E731
-                                        "auto")
+                                        kernels)
         return jax.lax.fori_loop(0, n, step, (last, cache))
 
     ar, ar_compile = compiled(ar_steps, tp, state.cache, state.anchor, 1)
@@ -185,7 +188,7 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool, deadli
             continue
         spec = TreeSpec(budget, 7)
         one_round = functools.partial(speculative_round, tree_spec=spec, sampler=GREEDY,
-                                      stop_ids=(), max_new=512, attn_impl="auto")
+                                      stop_ids=(), max_new=512, kernels=kernels)
         rounds = lambda tp, dp, s, n: jax.lax.fori_loop(  # noqa: E731
             0, n, lambda i, s: one_round(tp, tcfg, dp, dcfg, s), s)
         round_fn, compile_s = compiled(rounds, tp, dp, state, 1)

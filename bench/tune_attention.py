@@ -52,7 +52,7 @@ QUICK_SHAPES = SHAPES[:6]
 HEADS = dict(n=32, kh=8, h=128)
 TINY_HEADS = dict(n=8, kh=2, h=64)  # --interpret: kernels in interpret mode on CPU
 TINY_SHAPES = [("verify", 1, 16, 256), ("verify", 2, 37, 256), ("decode", 2, 1, 256)]
-KERNEL_OP = {"portable": "tree_attention", "mosaic": "tree_attention", "decode": "decode_attention"}
+KERNEL_OP = {"portable": "tree_attention", "hopper": "tree_attention", "decode": "decode_attention"}
 BASELINES = ("null", "xla_ref", "cudnn")
 
 
@@ -79,7 +79,7 @@ def candidates(kernel, b, t, s, heads, quick_grid):
     n, kh, h = heads["n"], heads["kh"], heads["h"]
     g, rows = n // kh, t * (n // kh)
     rep = dataclasses.replace
-    if kernel == "mosaic":
+    if kernel == "hopper":
         heur = tcfg.mosaic_config(rows, h)
         if s % heur.block_k:
             heur = rep(heur, block_k=64)
@@ -130,7 +130,7 @@ def kernel_fn(kernel, cfg, interpret):
     if kernel == "decode":
         return lambda q, k, v, p, m, aux: decode_attention(q, k, v, p, config=cfg,
                                                            interpret=interpret)
-    f = cache_attention_hopper if kernel == "mosaic" else cache_attention_portable
+    f = cache_attention_hopper if kernel == "hopper" else cache_attention_portable
     return lambda q, k, v, p, m, aux: f(q, k, v, p, m, config=cfg, interpret=interpret)
 
 
@@ -208,7 +208,7 @@ def check_output(out, want, tol=ba.TOL):
 def best_per_kernel(shape_rec):
     """kernel -> (best candidate record, heuristic record) among the correct, timed ones."""
     out = {}
-    for kernel in ("portable", "mosaic", "decode"):
+    for kernel in ("portable", "hopper", "decode"):
         cands = [c for c in shape_rec["candidates"] if c["kernel"] == kernel and c.get("us")]
         if cands:
             heur = next((c for c in cands if c["label"] == "heuristic"), None)
@@ -252,7 +252,7 @@ def _cell(c, floor_us):
 def print_table(results):
     log("\n## Attention config sweep: us per call (x K/V floor at 4.25 TB/s); "
         "kernel cells: best [heuristic]")
-    log("| op | B | T | S | floor | compute | null | XLA | cuDNN | portable | mosaic | decode "
+    log("| op | B | T | S | floor | compute | null | XLA | cuDNN | portable | hopper | decode "
         "| best config |")
     log("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for rec in results["shapes"]:
@@ -260,7 +260,7 @@ def print_table(results):
         base = {c["label"]: c for c in rec["candidates"] if c["kernel"] == "baseline"}
         bests = best_per_kernel(rec)
         cells = []
-        for kernel in ("portable", "mosaic", "decode"):
+        for kernel in ("portable", "hopper", "decode"):
             if kernel not in bests:
                 cells.append("-")
                 continue
@@ -295,7 +295,7 @@ def main():
                     help="compile threads")
     ap.add_argument("--unroll", type=int, default=8)
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--kernels", default="portable,mosaic,decode")
+    ap.add_argument("--kernels", default="portable,hopper,decode")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--quick", action="store_true", help="6 shapes (GPU); 2 configs per kernel "
                     "with --interpret")
@@ -341,7 +341,7 @@ def main():
                    compute_us=round(shape.flops_us, 2), candidates=[])
         jobs = [] if args.no_baselines else [
             ("baseline", name, None, baseline_fn(name, t)) for name in BASELINES]
-        ks = ["decode"] if op == "decode" else ["portable", "mosaic"]
+        ks = ["decode"] if op == "decode" else ["portable", "hopper"]
         for kernel in [k for k in ks if k in kernels]:
             for label, cfg in candidates(kernel, b, t, s, heads, args.interpret and args.quick):
                 jobs.append((kernel, label, cfg, kernel_fn(kernel, cfg, args.interpret)))

@@ -16,7 +16,6 @@ to buckets and compiled executables are kept per shape, so repeated calls do not
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterator, Sequence
 
@@ -26,7 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jetspec_jax import costs
-from jetspec_jax.decode import adaptive, streaming
+from jetspec_jax.decode import streaming
 from jetspec_jax.decode.autoregressive import PREFILL_CHUNK, ar_generate, check_capacity
 from jetspec_jax.draft.head import draft_specs
 from jetspec_jax.model import kernels as kernels_lib, layout, sharding
@@ -38,7 +37,7 @@ from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slot
 from jetspec_jax.decode.streaming import StreamChunk
 from jetspec_jax.io.tokenizer import TokenizerError
 from jetspec_jax.model.params import target_specs
-from jetspec_jax.options import CPU_BUCKETS  # jax-free: the CLI help reads it too
+from jetspec_jax.options import CPU_BUCKETS, GPU_BUCKETS  # jax-free: the CLI help reads them
 from jetspec_jax.results import GenerationResult, format_mix  # noqa: F401
 
 AUTO_BUCKETS = None  # tree sizes budget="auto" picks from each round; None: `auto_buckets()`
@@ -71,7 +70,7 @@ def auto_buckets() -> tuple[int, ...]:
     4..32 on a CPU, where verifying costs nearly linearly in nodes."""
     if AUTO_BUCKETS is not None:
         return tuple(AUTO_BUCKETS)
-    return adaptive.DEFAULT_BUCKETS if jax.default_backend() == "gpu" else CPU_BUCKETS
+    return GPU_BUCKETS if jax.default_backend() == "gpu" else CPU_BUCKETS
 
 
 def default_budget() -> int:

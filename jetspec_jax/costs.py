@@ -11,13 +11,13 @@ import jax
 import jax.numpy as jnp
 
 from jetspec_jax.decode import speculative
-from jetspec_jax.decode.adaptive import DEFAULT_BUCKETS
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec
 from jetspec_jax.model.kernels import Kernels
+from jetspec_jax.options import GPU_BUCKETS
 
 
-def measure_costs(tparams, tcfg, dparams, dcfg, *, buckets=DEFAULT_BUCKETS, width: int = 7,
+def measure_costs(tparams, tcfg, dparams, dcfg, *, buckets=GPU_BUCKETS, width: int = 7,
                   method: str = "accum_logp", draft_mode: str = "per_depth", batch: int = 1,
                   context_len: int = 256, kernels: Kernels = Kernels(), cache_dtype=None,
                   repeats: int = 10, seed: int = 0) -> dict[int, float]:

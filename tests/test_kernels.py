@@ -268,7 +268,7 @@ def test_tuned_table_lookup_and_fallback(tmp_path, monkeypatch):
     import json
 
     table = tmp_path / "tuned_test.json"
-    entry = dict(kernel="mosaic", batch=1, T=16, G=4, H=128, S=32768, dtype="bfloat16",
+    entry = dict(kernel="hopper", batch=1, T=16, G=4, H=128, S=32768, dtype="bfloat16",
                  config=dict(block_k=64, stages=2, num_splits=40))
     bad = dict(entry, S=8192, config=dict(block_k=64, no_such_knob=1))  # skipped
     dec = dict(kernel="decode", batch=8, T=1, G=4, H=128, S=8192, dtype="bfloat16",
@@ -308,15 +308,15 @@ def test_tune_script_candidates_and_tables(tmp_path):
     from pathlib import Path
 
     from bench import tune_attention as ta
-    for kernel, t in [("portable", 256), ("mosaic", 16), ("decode", 1)]:
+    for kernel, t in [("portable", 256), ("hopper", 16), ("decode", 1)]:
         cands = ta.candidates(kernel, 1, t, 32768, ta.HEADS, False)
         assert 4 <= len(cands) <= 8 and cands[0][0] == "heuristic"
         assert len({c for _, c in cands}) == len(cands)
     tuned = dict(block_k=64, stages=2, num_splits=64, pv_via_smem=False)
 
     def shape(t, us):
-        cands = [dict(kernel="mosaic", label="heuristic", config={}, us=10.0),
-                 dict(kernel="mosaic", label="bk64_st2", config=tuned, us=us),
+        cands = [dict(kernel="hopper", label="heuristic", config={}, us=10.0),
+                 dict(kernel="hopper", label="bk64_st2", config=tuned, us=us),
                  dict(kernel="baseline", label="xla_ref", config=None, us=5.0)]
         return dict(name="x", op="verify", B=1, T=t, S=32768, G=4, H=128, floor_us=1.0,
                     compute_us=1.0, candidates=cands)
@@ -325,7 +325,7 @@ def test_tune_script_candidates_and_tables(tmp_path):
     (path,) = ta.write_tables(results, tmp_path)
     assert Path(path) == tmp_path / "tree_attention" / "tuned_cpu.json"
     assert len(json.loads(Path(path).read_text())["entries"]) == 1  # T=64: within 3%
-    kw = dict(kernel="mosaic", batch=1, group=4, head_dim=128, kv_len=32768, dtype=jnp.bfloat16)
+    kw = dict(kernel="hopper", batch=1, group=4, head_dim=128, kv_len=32768, dtype=jnp.bfloat16)
     assert common.tuned_config(path, MosaicConfig, t=16, **kw) == MosaicConfig(**tuned)
     assert common.tuned_config(path, MosaicConfig, t=64, **kw) is None
 

@@ -32,8 +32,6 @@ import jax
 import jax.numpy as jnp
 
 from jetspec_jax.decode.tree import DraftTree
-from jetspec_jax.model.kernels import Kernels
-from jetspec_jax.options import GPU_BUCKETS as DEFAULT_BUCKETS  # jax-free: the CLI reads it
 
 
 def prefix_tree(tree: DraftTree, n: int) -> DraftTree:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
 from jetspec_jax.model import target

@@ -88,7 +88,7 @@ def portable_config(num_rows: int, head_dim: int, *, batch: int = 1, num_queries
 def mosaic_config(num_rows: int, head_dim: int, *, batch: int = 1, num_queries: int | None = None,
                   kv_len: int | None = None, dtype=None) -> MosaicConfig:
     """As `portable_config`, for the Hopper kernel."""
-    tuned = _tuned(MosaicConfig, "mosaic", num_rows, head_dim, batch, num_queries, kv_len, dtype)
+    tuned = _tuned(MosaicConfig, "hopper", num_rows, head_dim, batch, num_queries, kv_len, dtype)
     if tuned is not None:
         return tuned
     if head_dim <= 64:
