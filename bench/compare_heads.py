@@ -39,6 +39,7 @@ from bench.common.timing import sample_seconds
 from jetspec_jax import api
 from jetspec_jax.decode.autoregressive import prefill
 from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 from jetspec_jax.decode.tree import build_trees, topk_from_logits
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.model import target as target_model
@@ -107,16 +108,18 @@ def run_block_head(target, draft, prompts, budget, width, max_new, temperature=0
 
 
 def run_eagle_head(target, ecfg, eparams, prompts, budget, width, max_new, temperature=0.0):
-    """`eagle.eagle_generate` on the batch laid out as `api.generate` lays it out."""
+    """`spec_generate` with the EAGLE-style head on the batch laid out as `api.generate` lays
+    it out."""
     ids = api.encode_prompts(target, prompts)
     batch = api.make_batch(target, ids, max_new, budget + ecfg.depth + 1)
     tok = target.tokenizer
     stop_ids = tuple(int(s) for s in ((tok and tok.eos_token_ids) or target.cfg.eos_token_ids))
-    static = dict(tcfg=target.cfg, ecfg=ecfg, budget=budget, width=width, max_new=max_new,
-                  sampler=Sampler(temperature), stop_ids=stop_ids, num_slots=batch.num_slots)
+    static = dict(tcfg=target.cfg, dcfg=ecfg, tree_spec=TreeSpec(budget, width),
+                  max_new=max_new, sampler=Sampler(temperature), stop_ids=stop_ids,
+                  num_slots=batch.num_slots)
     (out, stats), compile_s, seconds = api._timed(
-        eagle.eagle_generate, (target.params, eparams, batch.prompt, batch.lens,
-                               jax.random.key(0)), static)
+        spec_generate, (target.params, eparams, batch.prompt, batch.lens, jax.random.key(0)),
+        static)
     rounds = np.asarray(stats.rounds).tolist()
     accepted = [row[:r].tolist() for row, r in zip(np.asarray(stats.accepted), rounds)]
     return api._decoded(target, out)[1], accepted, seconds, compile_s
@@ -200,7 +203,7 @@ def draft_cost(target, heads, prompt_text, depths, budget, width, repeats, t0, d
         if kind == "eagle":
             c = ecfg.layers
             ecache = KVCache.allocate(1, 1, c.num_kv_heads, slots, c.head_dim, dtype)
-            ecache, hid = eagle.extend(eparams, ecfg, tparams, ecache, eagle._shift(ptaps),
+            ecache, hid = eagle.extend(eparams, ecfg, tparams, ecache, eagle.shift(ptaps),
                                        prompt, lens)
             root = hid[:, int(lens[0]) - 1]
             for d in depths:
@@ -214,7 +217,7 @@ def draft_cost(target, heads, prompt_text, depths, budget, width, repeats, t0, d
                 add(dict(head=name, what="draft_tree", depth=d, budget=b, forwards=d - 1,
                          ms=ms, times_ms=times))
             if (name, "context_update", ecfg.depth) not in have:
-                pend = ecfg.depth + 1  # eagle_round extends by [B, D+1] pending entries
+                pend = ecfg.block_size  # a round extends by [B, D+1] pending entries
                 ptok = jnp.zeros((1, pend), jnp.int32)
                 ptap = jnp.zeros((1, pend, ptaps.shape[-1]), dtype)
                 fn = jax.jit(lambda ep, tp, ca, pt, px: eagle.extend(

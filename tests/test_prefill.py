@@ -75,9 +75,9 @@ def test_the_prefill_chunk_is_a_static_argument_of_the_decoders():
         "spec": lambda c: spec_generate.lower(tp, dp, prompt, lens, jax.random.key(0), tcfg=tcfg,
                                               dcfg=dcfg, tree_spec=TreeSpec(8, 3),
                                               prefill_chunk=c, **kw),
-        "eagle": lambda c: eagle.eagle_generate.lower(tp, ep, prompt, lens, jax.random.key(0),
-                                                      tcfg=tcfg, ecfg=ecfg, budget=8, width=3,
-                                                      prefill_chunk=c, **kw),
+        "eagle": lambda c: spec_generate.lower(tp, ep, prompt, lens, jax.random.key(0),
+                                               tcfg=tcfg, dcfg=ecfg, tree_spec=TreeSpec(8, 3),
+                                               prefill_chunk=c, **kw),
     }
     for name, fn in lower.items():
         one_pass, chunked = fn(64).as_text(), fn(4).as_text()

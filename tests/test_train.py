@@ -15,6 +15,7 @@ import pytest
 from helpers import random_prompts, tiny_head, tiny_target
 from jetspec_jax.decode.autoregressive import prefill, ar_generate
 from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import draft_specs
 from jetspec_jax.io.checkpoints import read_info
@@ -307,12 +308,26 @@ def test_eagle_greedy_speculative_equals_autoregressive(kind, budget, width):
     prompt, lens = random_prompts(np.random.default_rng(0), 3, 6, tcfg.vocab_size)
     kw = dict(max_new=20, sampler=Sampler(), stop_ids=(4,), num_slots=96)
     ar = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, **kw)
-    out, stats = E.eagle_generate(tp, ep, prompt, lens, jax.random.key(0), tcfg=tcfg, ecfg=ecfg,
-                                  budget=budget, width=width, **kw)
+    out, stats = spec_generate(tp, ep, prompt, lens, jax.random.key(0), tcfg=tcfg, dcfg=ecfg,
+                               tree_spec=TreeSpec(budget, width), **kw)
     np.testing.assert_array_equal(ar.num_tokens, out.num_tokens)
     for b, n in enumerate(np.asarray(ar.num_tokens)):
         np.testing.assert_array_equal(ar.tokens[b, :n], out.tokens[b, :n])
     assert np.asarray(stats.accepted).max() >= min(budget, 2)  # multi-token rounds happen
+
+
+@pytest.mark.parametrize("spec", [TreeSpec(8, 2, draft_mode="path"),
+                                  TreeSpec(8, 2, buckets=(4, 8), bucket_costs=(1.0, 1.5))])
+def test_eagle_refuses_what_its_own_tree_cannot_do(spec):
+    """The round's path pass and adaptive budget are the block head's: asked of the EAGLE-style
+    head they fail while tracing, naming why."""
+    tcfg, tp = tiny_target("dense", seed=3, vocab=6)
+    ecfg, ep = eagle_head(tcfg)
+    prompt, lens = random_prompts(np.random.default_rng(0), 2, 4, tcfg.vocab_size)
+    with pytest.raises(ValueError, match="EAGLE-style head grows its own tree"):
+        spec_generate.trace(tp, ep, prompt, lens, jax.random.key(0), tcfg=tcfg, dcfg=ecfg,
+                            tree_spec=spec, max_new=4, sampler=Sampler(), stop_ids=(),
+                            num_slots=64)
 
 
 def test_cached_features_match_online(tiny, dataset, tmp_path, monkeypatch):

@@ -2,9 +2,11 @@
 all inside one jitted `lax.while_loop` with no host round trip (`spec_generate`), or in chunks
 of rounds that a host loop streams (`spec_start`, `spec_continue`).
 
-Two drafting variants hook in here (docs/drafting_variants.md): `TreeSpec.draft_mode="path"`
-refines each round's tree with a path-conditioned head pass (`path_draft.py`), and
-`TreeSpec.buckets` picks each round's tree size on device (`adaptive.py`)."""
+One round serves every drafter (`draft/drafter.py`: the block head, JetSpec or DFlash, and
+the EAGLE-style head), picked by the head's config. Two drafting variants hook in here
+(docs/drafting_variants.md): `TreeSpec.draft_mode="path"` refines each round's tree with a
+path-conditioned head pass (`path_draft.py`), and `TreeSpec.buckets` picks each round's tree
+size on device (`adaptive.py`)."""
 
 from __future__ import annotations
 
@@ -24,10 +26,10 @@ from jetspec_jax.decode.autoregressive import (
     prefill,
 )
 from jetspec_jax.decode.sampling import RowSampler, Sampler, choose_tokens, split_key
-from jetspec_jax.decode.tree import METHODS, build_trees, reachable_depth, topk_from_logits
+from jetspec_jax.decode.tree import METHODS, reachable_depth
 from jetspec_jax.decode.verify import accept, commit, verify_tree
-from jetspec_jax.draft import head as draft_head, path as path_draft
-from jetspec_jax.draft.head import DraftConfig
+from jetspec_jax.draft import drafter as drafters
+from jetspec_jax.draft.drafter import HeadConfig
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache
 from jetspec_jax.model.config import ModelConfig
@@ -100,33 +102,27 @@ class SpecStats:
 @flax.struct.dataclass
 class SpecState:
     cache: KVCache
-    draft_cache: KVCache
+    draft_cache: KVCache  # the drafter's context
     anchor: jax.Array  # [B] last committed token, not yet in the target cache
-    pending_taps: jax.Array  # [B, blk, k*D] taps of the last round's committed tokens
-    pending_count: jax.Array  # [B]
+    pending_taps: jax.Array  # [B, blk, k*D] taps of the positions the last round committed
+    #                          (the old anchor and the accepted drafts), not yet in the context
+    pending_count: jax.Array  # [B] how many of them; the tokens are the last ones of `out`
     out: Output
     stats: SpecStats
     key: jax.Array
 
 
-def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, state: SpecState, *,
-                      tree_spec: TreeSpec, sampler: Sampler | RowSampler, stop_ids,
+def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, state: SpecState,
+                      *, tree_spec: TreeSpec, sampler: Sampler | RowSampler, stop_ids,
                       max_new: int, kernels: Kernels) -> SpecState:
     active = ~state.out.done
-    dcache = draft_head.extend_context(dparams, dcfg, state.draft_cache, state.pending_taps,
-                                       jnp.where(active, state.pending_count, 0))
-    width = tree_spec.draft_width
-    draft_logits = draft_head.draft_block(dparams, dcfg, tparams, tcfg, dcache, state.anchor,
-                                          depths=tree_spec.draft_depths(dcfg.depth),
-                                          kernels=kernels)
-    topk_lp, topk_tok = topk_from_logits(draft_logits, width)
-    tree = build_trees(state.anchor, topk_lp, topk_tok, budget=tree_spec.budget,
-                       method=tree_spec.method)
+    drafter = drafters.of(dcfg)
+    tree, dcache = drafter.draft(dparams, dcfg, tparams, tcfg, state, active,
+                                 tree_spec=tree_spec, kernels=kernels)
 
     def verify_round(tree):
-        if tree_spec.draft_mode == "path":
-            tree = path_draft.refine_trees(dparams, dcfg, tparams, tcfg, dcache, tree,
-                                           width=width, kernels=kernels)
+        tree = drafter.refine(dparams, dcfg, tparams, tcfg, dcache, tree, tree_spec=tree_spec,
+                              kernels=kernels)
         logits, cache, taps = verify_tree(tparams, tcfg, state.cache, tree,
                                           taps=dcfg.tap_layers, kernels=kernels)
         key, sub = split_key(state.key)
@@ -150,7 +146,7 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, st
     return verify_round(tree)
 
 
-def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, prompt_lens, key,
+def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, prompt, prompt_lens, key,
                *, max_new: int, sampler: Sampler, stop_ids, num_slots: int, kernels: Kernels,
                cache_dtype, prefill_chunk: int = PREFILL_CHUNK) -> SpecState:
     """Prefill: the target reads the prompts (with taps), picks the first token, and the draft
@@ -165,12 +161,12 @@ def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, p
     first = choose_tokens(sub, logits, sampler)
     out = Output.empty(b, max_new + blk).append(first[:, None], jnp.ones((b,), jnp.int32),
                                                  stop_ids, max_new)
-    dcache = draft_head.allocate_cache(dcfg, b, num_slots, cache_dtype)
-    dcache = draft_head.extend_context(dparams, dcfg, dcache, prompt_taps, prompt_lens)
+    dcache, pending_taps, pending_count = drafters.of(dcfg).start(
+        dparams, dcfg, tparams, prompt, prompt_lens, prompt_taps, num_slots=num_slots,
+        cache_dtype=cache_dtype)
     return constrain_state(SpecState(
-        cache=cache, draft_cache=dcache, anchor=first,
-        pending_taps=jnp.zeros((b, blk, prompt_taps.shape[-1]), prompt_taps.dtype),
-        pending_count=jnp.zeros((b,), jnp.int32), out=out,
+        cache=cache, draft_cache=dcache, anchor=first, pending_taps=pending_taps,
+        pending_count=pending_count, out=out,
         stats=SpecStats(rounds=jnp.zeros((b,), jnp.int32),
                         accepted=jnp.zeros((b, max_new), jnp.int32),
                         nodes=jnp.zeros((b, max_new), jnp.int32)),
@@ -178,7 +174,7 @@ def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: DraftConfig, prompt, p
 
 
 def spec_start(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
-               dcfg: DraftConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
+               dcfg: HeadConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
                stop_ids: tuple[int, ...], num_slots: int, kernels: Kernels = Kernels(),
                cache_dtype=jnp.float32, prefill_chunk: int = PREFILL_CHUNK) -> SpecState:
     """Checks that the batch fits, then `init_state`."""
@@ -190,7 +186,7 @@ def spec_start(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
                       kernels=kernels, cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
 
 
-def spec_continue(tparams, dparams, state: SpecState, *, tcfg: ModelConfig, dcfg: DraftConfig,
+def spec_continue(tparams, dparams, state: SpecState, *, tcfg: ModelConfig, dcfg: HeadConfig,
                   tree_spec: TreeSpec, max_new: int, sampler: Sampler,
                   stop_ids: tuple[int, ...], kernels: Kernels = Kernels(),
                   max_rounds: int | None = None) -> SpecState:
@@ -206,7 +202,7 @@ def spec_continue(tparams, dparams, state: SpecState, *, tcfg: ModelConfig, dcfg
     "tcfg", "dcfg", "tree_spec", "max_new", "sampler", "stop_ids", "num_slots", "kernels",
     "cache_dtype", "prefill_chunk"))
 def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
-                  dcfg: DraftConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
+                  dcfg: HeadConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
                   stop_ids: tuple[int, ...], num_slots: int, kernels: Kernels = Kernels(),
                   cache_dtype=jnp.float32,
                   prefill_chunk: int = PREFILL_CHUNK) -> tuple[Output, SpecStats]:

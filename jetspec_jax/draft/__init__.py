@@ -1,2 +1,2 @@
-"""Drafters: the block draft head (causal = JetSpec, bidirectional = DFlash) and its
-path-conditioned second pass."""
+"""Drafters behind one interface (`drafter.py`): the block draft head (causal = JetSpec,
+bidirectional = DFlash) with its path-conditioned second pass, and the EAGLE-style head."""

@@ -25,6 +25,7 @@ from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.layers import rms_norm, rope
 from jetspec_jax.model.params import ParamSpec, layer_specs
 from pallas_kernels.tree_attention import cache_attention
+from pallas_kernels.tree_attention.reference import masked_attention
 
 
 def default_tap_layers(num_target_layers: int, num_taps: int) -> tuple[int, ...]:
@@ -137,6 +138,13 @@ def draft_layer(p, cfg: ModelConfig, x, positions, attend):
     out, aux = attend(q, k, v)
     x = x + jnp.einsum("BTNH,NHD->BTD", out, p["o"])
     return x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)), aux
+
+
+def dense_attention(q, k, v, visible):
+    """q [B, Q, N, H]; k, v [B, S, K, H]; visible [B, Q, S] -> [B, Q, N, H]; softmax in f32
+    (the tree-attention reference under a dense mask): the `attend` of a draft layer whose
+    keys are gathered whole (training, the EAGLE-style tree)."""
+    return masked_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), visible)
 
 
 def extend_context(dparams, dcfg: DraftConfig, cache: KVCache, taps, num_new) -> KVCache:

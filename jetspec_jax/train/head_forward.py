@@ -16,12 +16,11 @@ import jax
 import jax.numpy as jnp
 
 from jetspec_jax.draft import head as draft_head
-from jetspec_jax.draft.head import DraftConfig
+from jetspec_jax.draft.head import DraftConfig, dense_attention
 from jetspec_jax.model import target
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.layers import rms_norm
 from jetspec_jax.train.prefix_fill import filled_block_inputs
-from pallas_kernels.tree_attention.reference import masked_attention
 
 
 def target_pass(tparams, tcfg: ModelConfig, tokens, tap_layers):
@@ -64,12 +63,6 @@ def block_visibility(dcfg: DraftConfig, anchors, seq_len: int):
     own = jnp.eye(a, dtype=bool)[:, None, :, None] & inside[None, :, None, :]  # [A, blk, A, blk]
     own = jnp.broadcast_to(own.reshape(1, a * blk, a * blk), (b, a * blk, a * blk))
     return jnp.concatenate([ctx, own], axis=-1)
-
-
-def dense_attention(q, k, v, visible):
-    """q [B, Q, N, H]; k, v [B, S, K, H]; visible [B, Q, S] -> [B, Q, N, H]; softmax in f32
-    (the tree-attention reference under a dense mask)."""
-    return masked_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), visible)
 
 
 def head_context(dparams, dcfg: DraftConfig, taps):

@@ -266,14 +266,8 @@ def mean_accepted_length(cfg: TrainConfig, tcfg, dcfg, dparams, tparams, data) -
     slots = int(plens.max()) + cfg.tau_max_new + working_slots(cfg.tree_budget, cfg.block_size)
     kw = dict(max_new=cfg.tau_max_new, sampler=Sampler(), stop_ids=tuple(tcfg.eos_token_ids),
               num_slots=slots)
-    if cfg.head == "eagle":
-        _, stats = eagle.eagle_generate(tparams, dparams, prompt, plens, jax.random.key(0),
-                                        tcfg=tcfg, ecfg=dcfg, budget=cfg.tree_budget,
-                                        width=cfg.tree_width, **kw)
-    else:
-        _, stats = spec_generate(tparams, dparams, prompt, plens, jax.random.key(0), tcfg=tcfg,
-                                 dcfg=dcfg, tree_spec=TreeSpec(cfg.tree_budget, cfg.tree_width),
-                                 **kw)
+    _, stats = spec_generate(tparams, dparams, prompt, plens, jax.random.key(0), tcfg=tcfg,
+                             dcfg=dcfg, tree_spec=TreeSpec(cfg.tree_budget, cfg.tree_width), **kw)
     return float(np.sum(stats.accepted) / max(int(np.sum(stats.rounds)), 1))
 
 
