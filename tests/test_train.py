@@ -19,7 +19,7 @@ from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import draft_specs
 from jetspec_jax.io.checkpoints import read_info
-from jetspec_jax.io.heads import load_draft
+from jetspec_jax.io.heads import read_draft_checkpoint
 from jetspec_jax.model import target
 from jetspec_jax.model.params import init_params
 from jetspec_jax.train import data as D, eagle as E
@@ -175,7 +175,7 @@ def test_loss_decreases_and_head_is_saved(tiny, dataset, tmp_path, head):
     assert rows[-1]["loss"] < 0.6 * rows[0]["loss"]
     assert rows[-1]["acc"][0] > rows[0]["acc"][0]
     assert rows[-1]["eval"]["tau"] >= 1.0 and len(rows[-1]["eval"]["kl"]) == 3
-    dcfg, dparams = (E.load_eagle if head == "eagle" else load_draft)(tmp_path / "head")
+    dcfg, dparams = (E.load_eagle if head == "eagle" else read_draft_checkpoint)(tmp_path / "head")
     assert dcfg == result.dcfg
     jax.tree.map(np.testing.assert_array_equal, dparams, result.dparams)
 
@@ -443,7 +443,7 @@ def test_head_shards_round_trip_and_fit_the_limit(tmp_path):
     3 files of <= 15 MiB."""
     from jetspec_jax.cli import main
     from jetspec_jax.io.checkpoints import CheckpointError
-    from jetspec_jax.io.heads import load_any_draft, load_draft_shards, save_draft
+    from jetspec_jax.io.heads import read_any_draft, read_draft_shards, save_draft
     from jetspec_jax.model import config
 
     tcfg, _ = tiny_target("dense", seed=2, vocab=16)
@@ -453,12 +453,12 @@ def test_head_shards_round_trip_and_fit_the_limit(tmp_path):
                  "--dtype", "float32", "--shard-mib", str(40_000 / 2**20)]) == 0
     files = sorted((tmp_path / "sh").iterdir())
     assert len(files) > 2 and all(f.stat().st_size <= 40_000 for f in files)
-    for got_cfg, got in (load_any_draft(tmp_path / "sh"), load_draft_shards(files)[:2]):
+    for got_cfg, got in (read_any_draft(tmp_path / "sh"), read_draft_shards(files)[:2]):
         assert got_cfg == dcfg
         jax.tree.map(np.testing.assert_array_equal, got, dp)
-    assert load_draft_shards(files)[2]["steps"] == 3
+    assert read_draft_shards(files)[2]["steps"] == 3
     with pytest.raises(CheckpointError, match=f"has {len(files)} files, {len(files) - 1} are"):
-        load_draft_shards(files[1:])
+        read_draft_shards(files[1:])
 
     big = draft_head.draft_config_for(config.smollm2_135m(), num_layers=5)
     zeros = jax.tree.map(lambda s: np.zeros(s.shape, jnp.bfloat16), draft_specs(big),

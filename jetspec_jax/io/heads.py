@@ -24,7 +24,7 @@ Two formats:
   flat safetensors files of bounded size (`shards.py`: `save_draft(..., max_bytes=...)`),
   for a head that must travel as small files.
 
-    dcfg, params = load_any_draft("path/to/head", dtype=jnp.bfloat16, target=tcfg)
+    dcfg, params = read_any_draft("path/to/head", dtype=jnp.bfloat16, target=tcfg)
     save_draft("checkpoints/head", params, dcfg)
 """
 
@@ -51,7 +51,7 @@ from jetspec_jax.model.params import check_params
 
 __all__ = [
     "KIND", "CheckpointError", "ConversionError", "check_head_fits", "convert_head",
-    "head_config_from_reference", "is_reference_head", "load_any_draft", "load_draft",
+    "head_config_from_reference", "is_reference_head", "read_any_draft", "read_draft_checkpoint",
     "load_reference_head", "save_draft",
 ]
 
@@ -288,7 +288,7 @@ def save_draft(path: str | Path, params, dcfg: DraftConfig, *,
                      overwrite=overwrite)
 
 
-def load_draft_shards(paths, *, dtype=None) -> tuple[DraftConfig, dict, dict]:
+def read_draft_shards(paths, *, dtype=None) -> tuple[DraftConfig, dict, dict]:
     """A `save_draft(max_bytes=...)` export (its directory or its files) -> (DraftConfig,
     params, metadata)."""
     kind, config, flat, meta = read_shards(paths)
@@ -301,7 +301,7 @@ def load_draft_shards(paths, *, dtype=None) -> tuple[DraftConfig, dict, dict]:
     return dcfg, unflatten(flat, draft_specs(dcfg), f"draft head {paths}", dtype), meta
 
 
-def load_draft(path: str | Path, *, dtype=None) -> tuple[DraftConfig, dict]:
+def read_draft_checkpoint(path: str | Path, *, dtype=None) -> tuple[DraftConfig, dict]:
     """Our draft-head checkpoint -> (DraftConfig, params); dtype None keeps the stored one."""
     path = Path(path).absolute()
     config, _ = read_info(path, KIND)
@@ -319,7 +319,7 @@ def load_draft(path: str | Path, *, dtype=None) -> tuple[DraftConfig, dict]:
 
 # --- either ---------------------------------------------------------------------------------
 
-def load_any_draft(path: str | Path, *, dtype=None, target: ModelConfig | None = None,
+def read_any_draft(path: str | Path, *, dtype=None, target: ModelConfig | None = None,
                    progress: bool = False) -> tuple[DraftConfig, dict]:
     """Our checkpoint or a reference head directory -> (DraftConfig, params), checked
     against the target config when one is given."""
@@ -329,9 +329,9 @@ def load_any_draft(path: str | Path, *, dtype=None, target: ModelConfig | None =
                                 f"expected {_ACCEPTED}")
     root = path if path.is_dir() else path.parent
     if (root / "metadata.json").exists():
-        dcfg, params = load_draft(root, dtype=dtype)
+        dcfg, params = read_draft_checkpoint(root, dtype=dtype)
     elif is_shard_export(path):
-        dcfg, params, _ = load_draft_shards(path, dtype=dtype)
+        dcfg, params, _ = read_draft_shards(path, dtype=dtype)
     elif (root / "config.json").exists():
         dcfg, params = load_reference_head(root, dtype=dtype, progress=progress)
     else:
@@ -347,7 +347,7 @@ def convert_head(src: str | Path, dst: str | Path, *, dtype=None, overwrite: boo
     """A reference head directory or one of ours (e.g. a trained head in float32, to ship in
     bfloat16) -> our checkpoint at dst (written atomically). Our own head's metadata (its
     training settings) is kept; `metadata` adds to it."""
-    dcfg, params = load_any_draft(src, dtype=dtype, progress=progress)
+    dcfg, params = read_any_draft(src, dtype=dtype, progress=progress)
     root = Path(src) if Path(src).is_dir() else Path(src).parent
     kept = carried_metadata(root, KIND) if (root / "metadata.json").exists() else {}
     if is_shard_export(src):

@@ -59,7 +59,7 @@ def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
                 progress: bool = True, mesh=None, fuse: bool | None = None,
                 use_cache: bool | None = None) -> Target:
     """Our checkpoint dir, an HF dir, a .gguf file or an embedded name (see
-    `jetspec_jax.io.convert.load_target`) -> Target, weights cast to dtype.
+    `jetspec_jax.io.convert.read_target`) -> Target, weights cast to dtype.
 
     mesh: None (one device), a spec such as "tp=2" or a `Mesh`: the weights are sharded over
     it (`jetspec_jax.model.sharding`); our checkpoints are read straight into the shards.
@@ -83,7 +83,7 @@ def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
             cached = cache.target_path(source, jnp.dtype(dtype).name)
         converted = None
         if cached is not None and not (cached / "metadata.json").exists():
-            converted = convert.load_target(source, dtype, progress=progress)
+            converted = convert.read_target(source, dtype, progress=progress)
             if _keep(cached, *converted, source, progress):
                 converted = None  # read back below: arrays placed as a checkpoint's are, so
                 #                   the compiled programs' keys match every later run's
@@ -91,7 +91,7 @@ def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
             cfg, params, tokenizer = load_target_checkpoint(cached or source, dtype=dtype,
                                                             sharding=mesh)
         else:
-            cfg, params, tokenizer = converted or convert.load_target(source, dtype,
+            cfg, params, tokenizer = converted or convert.read_target(source, dtype,
                                                                       progress=progress)
             if mesh is not None:
                 params = sharding.shard_params(params, target_specs(cfg), mesh)
@@ -144,7 +144,7 @@ def read_draft(path: str | Path, *, dtype=None) -> Draft:
     from jetspec_jax.io import heads as head_io  # imported on use: the speculative path only
 
     with _reading(path):
-        dcfg, params = head_io.load_any_draft(path, dtype=dtype)
+        dcfg, params = head_io.read_any_draft(path, dtype=dtype)
     return Draft(dcfg, params, str(path))
 
 

@@ -45,7 +45,7 @@ from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
 from jetspec_jax.draft.head import DraftConfig, draft_config_for, draft_specs
 from jetspec_jax.io.checkpoints import read_info
-from jetspec_jax.io.heads import KIND as HEAD_KIND, load_any_draft, save_draft
+from jetspec_jax.io.heads import KIND as HEAD_KIND, read_any_draft, save_draft
 from jetspec_jax.io.shards import is_shard_export, read_shards, unflatten
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.params import check_params, init_params
@@ -279,7 +279,7 @@ def load_init_head(cfg: TrainConfig, dcfg, specs) -> tuple[dict, int | None]:
     src = paths[0] if len(paths) == 1 else paths
     kind = eagle.KIND if cfg.head == "eagle" else HEAD_KIND
     if len(paths) == 1 and (paths[0] / "metadata.json").exists():
-        got, params = (eagle.load_eagle if cfg.head == "eagle" else load_any_draft)(src)
+        got, params = (eagle.load_eagle if cfg.head == "eagle" else read_any_draft)(src)
         meta = read_info(src)[1]
     elif is_shard_export(src):
         got_kind, config, flat, meta = read_shards(src)
@@ -288,7 +288,7 @@ def load_init_head(cfg: TrainConfig, dcfg, specs) -> tuple[dict, int | None]:
         got = type(dcfg).from_dict(config)
         params = unflatten(flat, specs, f"init_head {cfg.init_head}")
     else:  # a reference-format head
-        (got, params), meta = load_any_draft(src), {}
+        (got, params), meta = read_any_draft(src), {}
     if got.to_dict() != dcfg.to_dict():
         diff = {k: v for k, v in got.to_dict().items() if dcfg.to_dict().get(k) != v}
         raise ValueError(f"init_head {cfg.init_head} is another head than this config makes "

@@ -1,7 +1,7 @@
 """Converting HF and GGUF checkpoints into ours, and loading a target from any of them.
 
     convert("path/to/Qwen3-8B", "checkpoints/qwen3-8b", dtype=jnp.bfloat16)
-    cfg, params, tokenizer = load_target("smollm2-135m", jnp.float32)
+    cfg, params, tokenizer = read_target("smollm2-135m", jnp.float32)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from jetspec_jax.io.sources import ACCEPTED as _ACCEPTED, EMBEDDED, embedded_pat
 from jetspec_jax.io.tokenizer import Tokenizer
 from jetspec_jax.model.config import ModelConfig
 
-__all__ = ["ConversionError", "EMBEDDED", "convert", "load_target", "embedded_path"]
+__all__ = ["ConversionError", "EMBEDDED", "convert", "read_target", "embedded_path"]
 
 
 def read_checkpoint(source: str | Path, *, dtype=jnp.bfloat16, progress: bool = True
@@ -52,7 +52,7 @@ def convert(src: str | Path, dst: str | Path, *, dtype=jnp.bfloat16, overwrite: 
                        metadata={"source": str(src)})
 
 
-def load_target(source: str | Path, dtype=jnp.bfloat16, *, progress: bool = True
+def read_target(source: str | Path, dtype=jnp.bfloat16, *, progress: bool = True
                 ) -> tuple[ModelConfig, dict, Tokenizer | None]:
     """Our checkpoint dir, an HF dir, a .gguf file or an embedded name -> (cfg, params,
     tokenizer). The tokenizer is None only for an HF checkpoint without tokenizer.json."""
