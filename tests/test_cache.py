@@ -90,6 +90,9 @@ def test_cache_dir_resolution(monkeypatch, tmp_path):
 def test_compiled_programs_kept(tmp_path, off):
     env = {**os.environ, "JETSPEC_CACHE": str(tmp_path)}
     env.pop("JETSPEC_NO_COMPILE_CACHE")
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                 "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
+        env.pop(name, None)  # the test processes' own cache (conftest.py): a user's setup here
     if off:
         env["JETSPEC_NO_COMPILE_CACHE"] = "1"
     code = ("from jetspec_jax.io import cache; cache.enable_compile_cache()\n"

@@ -346,8 +346,13 @@ def test_cached_features_match_online(tiny, dataset, tmp_path, monkeypatch):
     data = D.load_shards(dataset / "train")
     for k in data:
         np.testing.assert_array_equal(feats[k], data[k])
-    hidden, taps = target_pass(tp, tcfg, jnp.asarray(data["tokens"]), dcfg.tap_layers)
-    logp = np.asarray(jax.nn.log_softmax(target.lm_head(tp, tcfg, hidden)))
+
+    @jax.jit  # one program, not one per operation
+    def online_pass(tokens):
+        hidden, taps = target_pass(tp, tcfg, tokens, dcfg.tap_layers)
+        return jax.nn.log_softmax(target.lm_head(tp, tcfg, hidden)), taps
+
+    logp, taps = map(np.asarray, online_pass(jnp.asarray(data["tokens"])))
     for b, n in enumerate(data["lengths"]):
         np.testing.assert_allclose(feats["taps"][b, :n], taps[b, :n], atol=1e-5, rtol=0)
         np.testing.assert_array_equal(feats["top_ids"][b, :n, 0], logp[b, :n].argmax(-1))
@@ -357,11 +362,16 @@ def test_cached_features_match_online(tiny, dataset, tmp_path, monkeypatch):
 
     dp = init_params(draft_specs(dcfg), jax.random.key(0))
     batch = {k: jnp.asarray(v[:4]) for k, v in feats.items()}
-    online = teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
-    cached = cached_teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
-    np.testing.assert_array_equal(online["anchors"], cached["anchors"])
-    (l1, m1), (l2, m2) = (head_loss(dp, dcfg, tp, tcfg, batch["tokens"], t)
-                          for t in (online, cached))
+
+    @jax.jit
+    def both_losses(batch):
+        online = teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
+        cached = cached_teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
+        return online["anchors"], cached["anchors"], *(
+            head_loss(dp, dcfg, tp, tcfg, batch["tokens"], t) for t in (online, cached))
+
+    online_anchors, cached_anchors, (l1, m1), (l2, m2) = both_losses(batch)
+    np.testing.assert_array_equal(online_anchors, cached_anchors)
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
     np.testing.assert_allclose(m1["acc"], m2["acc"])
 
