@@ -40,7 +40,7 @@ def test_converted_once_then_read(in_tmp_cache, tmp_path, monkeypatch, capsys):
         raise AssertionError("converted again")
 
     with monkeypatch.context() as m:
-        m.setattr(convert, "load_target", no_conversion)
+        m.setattr(convert, "read_target", no_conversion)
         second = api.load_target(src)
     assert second.cfg == first.cfg and second.source == str(src)
     for x, y in zip(jax.tree.leaves(first.params), jax.tree.leaves(second.params)):
