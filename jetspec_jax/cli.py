@@ -221,7 +221,8 @@ def run_convert(args) -> None:
 # ---- generate and bench ----------------------------------------------------------------------
 
 
-def _model_flags(p, *, without_head: str) -> None:
+def _load_flags(p, *, without_head: str) -> None:
+    """--model, --draft and --dtype: what every command that loads a target and a head takes."""
     p.add_argument("--model", default=options.DEFAULT_MODEL,
                    help="target: our checkpoint directory, an HF directory, a .gguf file or an "
                    "embedded name (default: %(default)s, embedded)")
@@ -230,6 +231,10 @@ def _model_flags(p, *, without_head: str) -> None:
                    f"(default: checkpoints/<model name>-jetspec/ if it exists; {without_head})")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="dtype the weights are cast to on load (default: %(default)s)")
+
+
+def _model_flags(p, *, without_head: str) -> None:
+    _load_flags(p, without_head=without_head)
     p.add_argument("--prompt", action="append", metavar="TEXT",
                    help="a prompt; repeat for a batch (default: a built-in prompt)")
     p.add_argument("--prompt-file", metavar="FILE",
@@ -390,14 +395,8 @@ def _serve_parser(sub) -> None:
                    "/metrics with continuous batching: requests join free batch slots between "
                    "speculative rounds (autoregressive steps with --no-draft) and leave them as "
                    "soon as they finish. docs/serving.md.")
-    p.add_argument("--model", default=options.DEFAULT_MODEL,
-                   help="target: our checkpoint directory, an HF directory, a .gguf file or an "
-                   "embedded name (default: %(default)s, embedded)")
-    p.add_argument("--draft", metavar="PATH", help="draft head (default: checkpoints/<model "
-                   "name>-jetspec/ if it exists, else autoregressive)")
+    _load_flags(p, without_head="else autoregressive")
     p.add_argument("--no-draft", action="store_true", help="serve autoregressively")
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="dtype the weights are cast to on load (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
                    "%(default)s; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
