@@ -25,6 +25,14 @@ def one_line_error(capsys, *argv) -> str:
     return err
 
 
+def target_without_params(path: Path) -> Path:
+    """A folder whose metadata says it is one of our target checkpoints, with no arrays."""
+    path.mkdir()
+    (path / "metadata.json").write_text('{"kind": "target", "format": 1}')
+    (path / "config.json").write_text("{}")
+    return path
+
+
 def hf_copy(tmp_path, text=None, **changes):
     """The tiny llama HF fixture with its config.json replaced by text or edited."""
     src = tmp_path / "hf"
@@ -67,10 +75,7 @@ def test_bad_model_paths(capsys, tmp_path):
     (src / "model.safetensors").unlink()
     assert "has neither model.safetensors nor model.safetensors.index.json" in one_line_error(
         capsys, "generate", "--model", src)
-    ours = tmp_path / "ours"
-    ours.mkdir()
-    (ours / "metadata.json").write_text('{"kind": "target", "format": 1}')
-    (ours / "config.json").write_text("{}")
+    ours = target_without_params(tmp_path / "ours")
     assert "ours is not a complete checkpoint: no params/ directory" in one_line_error(
         capsys, "generate", "--model", ours)
 
@@ -84,10 +89,7 @@ def test_bad_draft_folders(capsys, tmp_path):
     notes.mkdir()
     (notes / "README").write_text("hi")
     assert "cannot tell what" in one_line_error(capsys, "generate", "--draft", notes)
-    target = tmp_path / "target"
-    target.mkdir()
-    (target / "metadata.json").write_text('{"kind": "target", "format": 1}')
-    (target / "config.json").write_text("{}")
+    target = target_without_params(tmp_path / "target")
     assert "holds a 'target' checkpoint, not 'draft_head'" in one_line_error(
         capsys, "generate", "--draft", target)
     ref = tmp_path / "ref"
