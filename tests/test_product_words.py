@@ -1,5 +1,6 @@
 """The tracked text speaks of the product, not of how it was made: no work-log words in code,
-comments, docs, notebooks, scripts or file names. Each hit is reported as file:line."""
+comments, docs, notebooks, scripts, result files or file names. Each hit is reported as
+file:line."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEXT = (".py", ".md", ".sh", ".ipynb", ".toml", ".cfg", ".yml", ".yaml")
+TEXT = (".py", ".md", ".sh", ".ipynb", ".toml", ".cfg", ".yml", ".yaml", ".json", ".jsonl", ".txt")
 
 # Each pattern with what it stands for. "carry" is JAX's word for a loop's state, so only its
 # file-moving sense is caught: a `.carry` folder or a carry of folders, parts, MiB or a machine.
@@ -21,7 +22,7 @@ WORDS = {
         r"|working tree)\b"),
     "the device tool": r"\bdevice tool\b",
     "a lent machine": r"\blent\b",
-    "the tool's output folder": r"(?-i:\$OUT\b|\$\{OUT\})",
+    "the tool's output folder": r"(?-i:\$OUT\b|\$\{OUT\})|/root/out\b",
     "a machine kind's name": r"nvidia-h\d00|\bh\d00-?x\d\b",
 }
 PATTERN = re.compile("|".join(f"(?P<w{i}>{p})" for i, p in enumerate(WORDS.values())), re.I)
@@ -46,6 +47,7 @@ def test_the_patterns_catch_the_words_and_spare_jax_carries():
     assert [w for _, w, _ in hits("session 3; see issue 28; pack into carry folders")] == [
         "session", "issue", "carry folders"]
     assert hits("run(carry=['.carry/model1']) on the device tool, $OUT/x.json") != []
+    assert hits('"command": "bench.eval_head --out /root/out/eval.json"') != []
     assert hits("a nvidia-h200-x2 machine, lent for a day") != []
     assert hits("def body(i, carry):\n    cache, last = carry  # the loop's carry") == []
     assert hits("a per-call time carries the host's dispatch; 2 H200s; an H200; $out/x") == []
