@@ -22,12 +22,19 @@ import pytest
 # (tests/test_cache.py turns it on in a temporary directory).
 os.environ["JETSPEC_NO_CACHE"] = os.environ["JETSPEC_NO_COMPILE_CACHE"] = "1"
 
-# Instead each test process keeps its compiled programs in a fresh temporary directory, and
-# the commands it starts (CLI runs, notebooks, bench scripts) share it: the same tiny program
-# built again (every train() call builds its step anew, every CLI run its loop) is read back
-# rather than compiled. It starts empty, so a run's work does not depend on an earlier run.
-_XLA_CACHE = tempfile.mkdtemp(prefix="jetspec-tests-xla-")
-atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+# Instead a test run keeps its compiled programs in a fresh temporary directory, shared by its
+# worker processes and the commands they start (CLI runs, notebooks, bench scripts): the same
+# tiny program built again (every train() call builds its step anew, every CLI run its loop,
+# the other worker its copy of a shape) is read back rather than compiled. The process that
+# starts the run makes it (pytest-xdist's workers inherit the variable) and removes it at exit.
+# It starts empty, so a run's work does not depend on an earlier run.
+_RUN_DIR = "JETSPEC_TEST_RUN_DIR"
+if not os.environ.get(_RUN_DIR):
+    os.environ[_RUN_DIR] = tempfile.mkdtemp(prefix="jetspec-tests-")
+    atexit.register(shutil.rmtree, os.environ[_RUN_DIR], ignore_errors=True)
+_XLA_CACHE = os.path.join(os.environ[_RUN_DIR], "xla")
+# (An entry read while another process still writes it fails to decompress: JAX warns and
+# compiles the program itself.)
 for _name, _value in (("jax_compilation_cache_dir", _XLA_CACHE),
                       ("jax_persistent_cache_min_compile_time_secs", 0.0),
                       ("jax_persistent_cache_min_entry_size_bytes", 0)):
@@ -42,3 +49,13 @@ def exact_float32_matmuls():
     kernel test without this)."""
     with jax.default_matmul_precision("highest"):
         yield
+
+
+@pytest.fixture
+def use_smollm2_cache(monkeypatch):
+    """This test (and the commands it starts) loads SmolLM2 from the run's converted copy
+    (`helpers.smollm2_cache`)."""
+    from helpers import smollm2_cache
+
+    monkeypatch.setenv("JETSPEC_CACHE", smollm2_cache())
+    monkeypatch.delenv("JETSPEC_NO_CACHE")

@@ -1,13 +1,36 @@
 """Shared builders for tests: tiny random targets and heads."""
 
+import fcntl
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.model import config, params as P
 
 TINY = {"dense": config.tiny_dense, "moe": config.tiny_moe, "llama": config.tiny_llama}
+SMOLLM2 = "smollm2-135m"
+
+
+def smollm2_cache() -> str:
+    """A cache directory (JETSPEC_CACHE) holding the embedded SmolLM2 converted once per test
+    run, shared by its workers (the first converts it under a file lock): tests that decode,
+    serve or run a notebook on SmolLM2 read that copy instead of converting the GGUF each.
+    tests/test_convert.py tests the conversion itself, tests/test_cache.py the cache."""
+    from jetspec_jax import api
+    from jetspec_jax.io import cache
+
+    root = os.path.join(os.environ["JETSPEC_TEST_RUN_DIR"], "jetspec-cache")  # conftest.py
+    os.makedirs(root, exist_ok=True)
+    with pytest.MonkeyPatch.context() as env, open(os.path.join(root, ".lock"), "w") as lock:
+        env.setenv("JETSPEC_CACHE", root)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (cache.target_path(SMOLLM2, "float32") / "metadata.json").exists():
+            api.load_target(SMOLLM2, progress=False, use_cache=True)
+    return root
 
 
 def tiny_target(kind="dense", seed=0, vocab=16, scale=1.0, **changes):

@@ -214,7 +214,7 @@ def test_cli_draft_mode_and_auto_budget(tiny, capsys, tmp_path, monkeypatch):
     assert set(info["rows"][1]["bucket_mix"]) <= {"4", "8"}
 
 
-def test_cli_generate_default_smollm2(capsys):
+def test_cli_generate_default_smollm2(capsys, use_smollm2_cache):
     """No model flags: the embedded SmolLM2-135M-Instruct on the built-in prompt."""
     code, out, _ = run_cli(capsys, "generate", "--max-new-tokens", 8)
     assert code == 0 and "tok/s" in out and out.strip().splitlines()[0].strip()

@@ -22,8 +22,9 @@ EXPECTED = {"01_quickstart.ipynb", "02_one_round.ipynb", "03_train_head.ipynb",
             "04_benchmarks.ipynb"}
 CELL_TIMEOUT_S = 300
 SLOW = pytest.mark.slow  # runs that load the real SmolLM2 weights (as in test_convert)
+SMOLLM2_EVEN_TINY = "01_quickstart.ipynb"  # it has no tiny mode
 # (notebook, tiny mode): every notebook in tiny mode, and the one that has a tiny mode without it.
-RUNS = [pytest.param(p, True, id=p.stem, marks=[SLOW] if p.name == "01_quickstart.ipynb" else [])
+RUNS = [pytest.param(p, True, id=p.stem, marks=[SLOW] if p.name == SMOLLM2_EVEN_TINY else [])
         for p in NOTEBOOKS] + [
     pytest.param(p, False, id=f"{p.stem}-smollm2", marks=[SLOW]) for p in NOTEBOOKS
     if p.name == "02_one_round.ipynb"]
@@ -62,7 +63,9 @@ def write_bench_sweep(directory: Path) -> None:
 
 
 @pytest.mark.parametrize("path,tiny", RUNS)
-def test_notebook_runs(path, tiny, tmp_path, monkeypatch):
+def test_notebook_runs(path, tiny, tmp_path, monkeypatch, request):
+    if not tiny or path.name == SMOLLM2_EVEN_TINY:  # SmolLM2 from the run's converted copy
+        request.getfixturevalue("use_smollm2_cache")
     if tiny:
         monkeypatch.setenv("JETSPEC_NOTEBOOK_TINY", "1")
     else:

@@ -14,7 +14,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import tiny_head, tiny_target
+from helpers import SMOLLM2, smollm2_cache, tiny_head, tiny_target
 from jetspec_jax import api
 from jetspec_jax.io.load import Draft, Target
 from jetspec_jax.serve.app import Server
@@ -54,7 +54,9 @@ def ar_server(tiny_models):
 
 @pytest.fixture(scope="module")
 def smol():
-    target = api.load_target("smollm2-135m", progress=False)
+    with pytest.MonkeyPatch.context() as env:  # the run's converted copy (helpers.smollm2_cache)
+        env.setenv("JETSPEC_CACHE", smollm2_cache())
+        target = api.load_target(SMOLLM2, progress=False, use_cache=True)
     draft = api.load_draft(api.default_draft_path(target.name), target)
     server = start(target, draft, target.name, max_batch=2, slot_buckets=(2,), max_len=256)
     yield target, server
