@@ -23,7 +23,7 @@ def run_script(module: str, *argv: str) -> None:
 def test_bench_speculative_rounds_and_phases(tmp_path):
     out = tmp_path / "spec.json"
     run_script("bench.bench_speculative", "--skip-check", "--model", "tiny-dense",
-               "--batches", "1", "--phase-batches", "1", "--budgets", "8",
+               "--batches", "1", "--phase-batches", "1", "--budgets", "8", "--contexts", "64",
                "--dump-hlo", str(tmp_path / "hlo"), "--out", str(out))
     (row,) = json.loads(out.read_text())["rows"]
     assert row["budget"] == 8
@@ -32,12 +32,12 @@ def test_bench_speculative_rounds_and_phases(tmp_path):
     assert all(math.isfinite(row[k]) for k in ("round_ms", "ar_step_ms", "draft_ms", "tree_ms",
                                                "verify_ms", "accept_commit_ms"))
     assert {p.name for p in (tmp_path / "hlo").iterdir()} == {
-        "ar_tiny-dense_b1_s1024.hlo.txt.gz", "round8_tiny-dense_b1_s1024.hlo.txt.gz"}
+        "ar_tiny-dense_b1_s64.hlo.txt.gz", "round8_tiny-dense_b1_s64.hlo.txt.gz"}
 
     # --resume keeps the row and times only the missing budget.
     run_script("bench.bench_speculative", "--skip-check", "--model", "tiny-dense",
-               "--batches", "1", "--phase-batches", "--budgets", "8", "4", "--resume",
-               "--out", str(out))
+               "--batches", "1", "--phase-batches", "--budgets", "8", "4", "--contexts", "64",
+               "--resume", "--out", str(out))
     result = json.loads(out.read_text())
     assert [r["budget"] for r in result["rows"]] == [8, 4] and result["rows"][0] == row
     assert len(result["commands"]) == 2 and "--resume" in result["commands"][1]
