@@ -61,7 +61,7 @@ def one_bucket(target, prompts, n):
 def batch1_speed(target, draft, prompts, *, budget, max_new):
     """Speculative vs autoregressive seconds, summed over prompts decoded one at a time."""
     spec_s = ar_s = 0.0
-    tokens, same = 0, 0
+    tokens, same, committed = 0, 0, []
     for p in prompts:
         r = api.generate(target, [p], draft=draft, budget=budget, max_new_tokens=max_new,
                          compare_autoregressive=True)
@@ -69,7 +69,9 @@ def batch1_speed(target, draft, prompts, *, budget, max_new):
         ar_s += r.ar_seconds
         tokens += r.num_generated
         same += r.tokens == r.ar_tokens
+        committed += r.accepted[0]
     return dict(budget=budget, prompts=len(prompts), tokens=tokens, seconds=spec_s,
+                tau=sum(committed) / max(len(committed), 1),
                 ar_seconds=ar_s, speedup=ar_s / spec_s, tokens_per_s=tokens / spec_s,
                 ar_tokens_per_s=tokens / ar_s, identical_share=same / len(prompts))
 
@@ -115,7 +117,8 @@ def main():
             print(f"{name:10s} {t:4.1f} " + " ".join(f"{x:6.2f}" for x in taus)
                   + ("" if t else f"  identical to AR: {same}"))
     for r in result["batch1"]:
-        print(f"batch 1, budget {r['budget']}, {r['prompts']} prompts: {r['speedup']:.2f}x "
+        print(f"batch 1, budget {r['budget']}, {r['prompts']} prompts: tau {r['tau']:.2f}, "
+              f"{r['speedup']:.2f}x "
               f"({r['tokens_per_s']:.0f} vs {r['ar_tokens_per_s']:.0f} tok/s)")
 
 

@@ -74,10 +74,10 @@ def auto_buckets() -> tuple[int, ...]:
 
 
 def default_budget() -> int:
-    """Tree nodes per round. A GPU verifies 64 nodes for about the cost of one token. On the
-    CPU verifying costs nearly linearly in nodes: with the shipped SmolLM2 head, budget 4 was the
-    fastest of 4-32 on every benchmark, and the only budget clearly ahead of autoregressive
-    decoding (docs/benchmarks.md, the shipped head on the CPU)."""
+    """Tree nodes per round. A GPU verifies 64 nodes for about the cost of one token (with the
+    shipped SmolLM2 head on the H200, 64 beat 16). On the CPU verifying costs nearly linearly in
+    nodes: budget 4 was the fastest of 2-32 and the only one not behind autoregressive decoding
+    (the head's model card, checkpoints/smollm2-135m-jetspec/README.md)."""
     return 64 if jax.default_backend() == "gpu" else 4
 
 
