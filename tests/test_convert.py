@@ -21,6 +21,7 @@ from jetspec_jax.io.checkpoints import (CheckpointError, load_target_checkpoint,
                                     save_target, save_tree)
 from jetspec_jax.io.convert import ConversionError, convert, embedded_path, read_target
 from jetspec_jax.io.convert.gguf import load_gguf
+from jetspec_jax.io.convert.gguf_file import read_gguf
 from jetspec_jax.io.convert.hf import load_hf
 from jetspec_jax.io.tokenizer import Tokenizer, TokenizerError
 from jetspec_jax.model.config import ConfigError
@@ -289,8 +290,7 @@ def ref_dequantize(raw: np.ndarray, qtype) -> np.ndarray:
 
 
 def test_dequantize_matches_ggml_formats():
-    reader = gguf.GGUFReader(embedded_path("smollm2-135m"))
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in read_gguf(embedded_path("smollm2-135m")).tensors}
     for name in ("blk.0.attn_q.weight", "token_embd.weight"):  # real Q4_1 and Q8_0 data
         t = tensors[name]
         np.testing.assert_array_equal(gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1),
@@ -395,6 +395,9 @@ def test_gguf_bad_inputs(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="no such GGUF file"):
         load_gguf(tmp_path / "absent.gguf")
+    (tmp_path / "text.gguf").write_text("not a model")
+    with pytest.raises(ConversionError, match="not a readable GGUF file.*no GGUF magic"):
+        load_gguf(tmp_path / "text.gguf")
 
 
 @pytest.mark.parametrize("keep", [100_000, 3_000_000, 60_000_000])
@@ -531,26 +534,59 @@ def test_smollm2_tokenizer_matches_transformers_gguf_ids():
                     "<|im_start|>assistant\n")
 
 
-def test_gguf_qwen2_pretokenizer_matches_qwen3_tokenizer(tmp_path):
-    """A GGUF holding the Qwen3 vocabulary (as llama.cpp stores it) encodes like tokenizer.json."""
+@pytest.fixture(scope="module")
+def qwen3_vocab_gguf(tmp_path_factory):
+    """A GGUF holding the Qwen3 vocabulary as llama.cpp stores it -> (path, its token list,
+    merges and token types as written)."""
     ref = qwen3_tok()
     vocab = ref.backend.get_vocab(with_added_tokens=True)
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    model = json.loads(ref.backend.to_str())["model"]
-    added = {a["content"]: a["special"] for a in json.loads(ref.backend.to_str())["added_tokens"]}
-    w = gguf.GGUFWriter(tmp_path / "tok.gguf", "qwen3")
+    saved = json.loads(ref.backend.to_str())
+    added = {a["content"]: a["special"] for a in saved["added_tokens"]}
+    merges = [" ".join(m) if isinstance(m, list) else m for m in saved["model"]["merges"]]
+    types = [3 if added.get(t) else 4 if t in added else 1 for t in tokens]
+    path = tmp_path_factory.mktemp("qwen3-vocab") / "tok.gguf"
+    w = gguf.GGUFWriter(path, "qwen3")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
-    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in model["merges"]])
-    w.add_token_types([3 if added.get(t) else 4 if t in added else 1 for t in tokens])
+    w.add_token_merges(merges)
+    w.add_token_types(types)
     w.add_eos_token_id(151_645)
     w.add_chat_template(ref.chat_template)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    tok = Tokenizer.from_gguf(tmp_path / "tok.gguf")
+    return path, tokens, merges, types
+
+
+def test_gguf_file_reads_what_the_gguf_package_reads(qwen3_vocab_gguf):
+    """`read_gguf` gives gguf.GGUFReader's metadata and tensors for the real SmolLM2 file, and
+    the Qwen3 vocabulary (151k tokens, multi-byte UTF-8 among them) as it was written."""
+    path = embedded_path("smollm2-135m")
+    ours, theirs = read_gguf(path), gguf.GGUFReader(path)
+    assert ours.fields == {k: f.contents() for k, f in theirs.fields.items()
+                           if not k.startswith("GGUF.")}  # the reader's own header entries
+    assert len(ours.fields["tokenizer.ggml.tokens"]) == 49_152
+    assert len(ours.tensors) == len(theirs.tensors)
+    for a, b in zip(ours.tensors, theirs.tensors):
+        assert (a.name, a.tensor_type, a.shape, a.n_bytes) == (
+            b.name, b.tensor_type, tuple(b.shape.tolist()), b.n_bytes)
+        np.testing.assert_array_equal(a.data, np.asarray(b.data).reshape(-1).view(np.uint8))
+    path, tokens, merges, types = qwen3_vocab_gguf
+    fields = read_gguf(path).fields
+    assert fields["tokenizer.ggml.tokens"] == tokens and len(tokens) == 151_669
+    assert fields["tokenizer.ggml.merges"] == merges
+    assert fields["tokenizer.ggml.token_type"] == types
+    assert fields["tokenizer.chat_template"] == qwen3_tok().chat_template
+    assert fields["tokenizer.ggml.eos_token_id"] == 151_645
+
+
+def test_gguf_qwen2_pretokenizer_matches_qwen3_tokenizer(qwen3_vocab_gguf):
+    """A GGUF holding the Qwen3 vocabulary (as llama.cpp stores it) encodes like tokenizer.json."""
+    ref = qwen3_tok()
+    tok = Tokenizer.from_gguf(qwen3_vocab_gguf[0])
     for text in TEXTS + ["<tool_call>x</tool_call> <|im_end|>"]:
         assert tok.encode(text) == ref.encode(text)
     assert tok.apply_chat_template(QWEN_CHATS[1]) == ref.apply_chat_template(QWEN_CHATS[1])

@@ -1,6 +1,6 @@
 """GGUF files (llama.cpp) of the `llama` and `qwen3` architectures -> (config, params).
 
-Read with `gguf.GGUFReader` (memory-mapped) and dequantised to float32 with
+Read with `gguf_file.read_gguf` (memory-mapped) and dequantised to float32 with
 `gguf.quants.dequantize`. Layout facts this relies on:
 - numpy shapes are GGUF's `ne` reversed, so a matrix reads as HF's `[out, in]`;
 - llama.cpp's converter permutes the rows of the llama arch's q/k projections so that each
@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetspec_jax.io.convert.common import ConversionError, Rule, convert_tensors
+from jetspec_jax.io.convert.gguf_file import GGUFFile, read_gguf
 from jetspec_jax.model.config import ModelConfig
 
 ARCHITECTURES = ("llama", "qwen3")
@@ -58,14 +59,15 @@ def rules(arch: str) -> list[Rule]:
     ]
 
 
-def open_gguf(path: str | Path) -> gguf.GGUFReader:
-    """A GGUFReader, with a clear error for a missing, truncated or corrupt file."""
+def open_gguf(path: str | Path) -> GGUFFile:
+    """The file's metadata and tensors, with a clear error for a missing, truncated or corrupt
+    file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such GGUF file: {path}")
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # the reader fails deep inside numpy on a short file
+        reader = read_gguf(path)
+    except Exception as e:  # a cut header, a bad value type, bytes that are not UTF-8
         raise ConversionError(f"{path} is not a readable GGUF file (truncated or corrupt?): "
                               f"{type(e).__name__}: {e}") from e
     short = [t.name for t in reader.tensors if t.data.nbytes != t.n_bytes]
@@ -74,12 +76,11 @@ def open_gguf(path: str | Path) -> gguf.GGUFReader:
     return reader
 
 
-def metadata(reader: gguf.GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def metadata(reader: GGUFFile, key: str, default=None):
+    return reader.fields.get(key, default)
 
 
-def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
+def gguf_config(reader: GGUFFile, name: str) -> ModelConfig:
     """ModelConfig from GGUF metadata; every missing or unsupported key reported together."""
     arch = metadata(reader, "general.architecture")
     if arch not in ARCHITECTURES:
@@ -108,7 +109,7 @@ def gguf_config(reader: gguf.GGUFReader, name: str) -> ModelConfig:
     eos = [metadata(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot")]
     cfg = dict(
         name=name,
-        vocab_size=get("vocab_size", len(tokens.data) if tokens else None),
+        vocab_size=get("vocab_size", len(tokens) if tokens else None),
         hidden_size=width,
         num_layers=get("block_count"),
         num_heads=heads,
@@ -144,8 +145,9 @@ def load_gguf(path: str | Path, *, dtype=jnp.bfloat16, name: str | None = None,
 
     def read(key: str) -> np.ndarray:
         t = tensors[key]
-        shape = tuple(int(n) for n in reversed(t.shape))  # numpy order is GGUF's ne reversed
-        return gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+        shape = tuple(reversed(t.shape))  # numpy order is GGUF's ne reversed
+        rows = t.data.reshape(*shape[:-1], -1)  # bytes per row of ne0 values
+        return gguf.quants.dequantize(rows, t.tensor_type).reshape(shape)
 
     skipped = [n for names in unsupported.values() for n in names]
     params = convert_tensors(cfg, rules(metadata(reader, "general.architecture")), tensors, read,
