@@ -215,7 +215,8 @@ def test_cli_draft_mode_and_auto_budget(tiny, capsys, tmp_path, monkeypatch):
 
 
 def test_cli_generate_default_smollm2(capsys, use_smollm2_cache):
-    """No model flags: the embedded SmolLM2-135M-Instruct on the built-in prompt."""
+    """No model flags: the embedded SmolLM2-135M-Instruct on the built-in prompt (notebook 01's
+    prompt and, in its tiny mode, its length: a test run compiles that program once)."""
     code, out, _ = run_cli(capsys, "generate", "--max-new-tokens", 8)
     assert code == 0 and "tok/s" in out and out.strip().splitlines()[0].strip()
 

@@ -2,8 +2,9 @@
 this interpreter, cwd notebooks/, as a person would run them), and are committed with their
 outputs cleared.
 
-Every notebook runs with JETSPEC_NOTEBOOK_TINY=1 (02_one_round then uses a tiny random model),
-and 02_one_round once more on SmolLM2 as a person would run it. 03_train_head writes under a
+Every notebook runs with JETSPEC_NOTEBOOK_TINY=1 (02_one_round then uses a tiny random model,
+01_quickstart decodes fewer tokens of SmolLM2, 03_train_head trains fewer steps), and
+02_one_round once more on SmolLM2 as a person would run it. 03_train_head writes under a
 temporary directory (JETSPEC_NOTEBOOK_WORKDIR); 04_benchmarks is also handed a
 `jetspec bench --out`-shaped file (JETSPEC_BENCH_DIRS) so its tau/speedup plot runs too.
 """
@@ -22,7 +23,7 @@ EXPECTED = {"01_quickstart.ipynb", "02_one_round.ipynb", "03_train_head.ipynb",
             "04_benchmarks.ipynb"}
 CELL_TIMEOUT_S = 300
 SLOW = pytest.mark.slow  # runs that load the real SmolLM2 weights (as in test_convert)
-SMOLLM2_EVEN_TINY = "01_quickstart.ipynb"  # it has no tiny mode
+SMOLLM2_EVEN_TINY = "01_quickstart.ipynb"  # its tiny mode runs SmolLM2 too
 # (notebook, tiny mode): every notebook in tiny mode, and the one that has a tiny mode without it.
 RUNS = [pytest.param(p, True, id=p.stem, marks=[SLOW] if p.name == SMOLLM2_EVEN_TINY else [])
         for p in NOTEBOOKS] + [
