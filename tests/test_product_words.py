@@ -22,7 +22,8 @@ WORDS = {
         r"|working tree)\b"),
     "the device tool": r"\bdevice tool\b",
     "a lent machine": r"\blent\b",
-    "the tool's output folder": r"(?-i:\$OUT\b|\$\{OUT\})|/root/out\b",
+    "the tool's output folder": r"(?-i:\$OUT\b|\$\{OUT\})",
+    "a path on the machine a result was made on": r"(?<![\w.])/root/\w",
     "a machine kind's name": r"nvidia-h\d00|\bh\d00-?x\d\b",
 }
 PATTERN = re.compile("|".join(f"(?P<w{i}>{p})" for i, p in enumerate(WORDS.values())), re.I)
@@ -48,6 +49,7 @@ def test_the_patterns_catch_the_words_and_spare_jax_carries():
         "session", "issue", "carry folders"]
     assert hits("run(carry=['.carry/model1']) on the device tool, $OUT/x.json") != []
     assert hits('"command": "bench.eval_head --out /root/out/eval.json"') != []
+    assert hits("--draft runs/head --out bench/results/heads/eval.json") == []
     assert hits("a nvidia-h200-x2 machine, lent for a day") != []
     assert hits("def body(i, carry):\n    cache, last = carry  # the loop's carry") == []
     assert hits("a per-call time carries the host's dispatch; 2 H200s; an H200; $out/x") == []
