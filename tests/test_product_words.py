@@ -22,7 +22,7 @@ WORDS = {
         r"|working tree)\b"),
     "the device tool": r"\bdevice tool\b",
     "a lent machine": r"\blent\b",
-    "the tool's output folder": r"(?-i:\$OUT\b|\$\{OUT\})",
+    "an output-folder variable": r"(?-i:\$OUT\b|\$\{OUT\})",
     "a path on the machine a result was made on": r"(?<![\w.])/root/\w",
     "a machine kind's name": r"nvidia-h\d00|\bh\d00-?x\d\b",
 }
