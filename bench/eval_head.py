@@ -5,7 +5,8 @@ speedup at batch 1 over autoregressive decoding timed in the same run.
   python -m bench.eval_head --draft checkpoints/smollm2-135m-jetspec --dtype bfloat16 \
       --budgets 16 32 64 128 256 --temperatures 0 1 --batch1-prompts 8 --out eval.json
 
-Tau comes from all benchmarks decoded as one ragged batch (tau does not depend on the batch);
+Tau comes from all benchmarks decoded as one ragged batch, or in --batch-size batches where
+memory is short (tau does not depend on the batch);
 speed from --batch1-prompts prompts of each benchmark (of one padded length) decoded one at a time, each
 speculative run followed by the autoregressive run of the same prompt. Benchmark prompts are
 for evaluation only: never train on them.
@@ -24,27 +25,36 @@ from bench.common.results_io import command_line, write_json
 from jetspec_jax import api
 
 
-def tau_rows(target, draft, sets, *, budgets, temperature, max_new, seed=0):
-    """All benchmarks decoded as one ragged batch (one compiled program per budget), tau then
-    pooled per benchmark from each sequence's rounds; greedy rows also check equality with AR."""
-    names = [n for n, ps in sets.items() for _ in ps]
-    prompts = [p for ps in sets.values() for p in ps]
+def tau_rows(target, draft, sets, *, budgets, temperature, max_new, batch_size=0, seed=0):
+    """All benchmarks decoded as one ragged batch (one compiled program per budget), or in
+    batches of batch_size prompts of similar length; tau then pooled per benchmark from each
+    sequence's rounds; greedy rows also check equality with AR."""
+    pairs = [(n, p) for n, ps in sets.items() for p in ps]
+    if batch_size:  # similar lengths together: less padding, few prompt buckets
+        lengths = [len(ids) for ids in api.encode_prompts(target, [p for _, p in pairs])]
+        pairs = [pairs[i] for i in np.argsort(lengths, kind="stable")]
+    names = [n for n, _ in pairs]
+    step = batch_size or len(pairs)
+    batches = [[p for _, p in pairs[i:i + step]] for i in range(0, len(pairs), step)]
     rows, ar = [], None
     for b in budgets:
-        r = api.generate(target, prompts, draft=draft, budget=b, max_new_tokens=max_new,
-                         temperature=temperature, seed=seed,
-                         compare_autoregressive=temperature == 0 and ar is None)
-        if r.ar_tokens is not None:
-            ar = r.ar_tokens
+        runs = [api.generate(target, prompts, draft=draft, budget=b, max_new_tokens=max_new,
+                             temperature=temperature, seed=seed,
+                             compare_autoregressive=temperature == 0 and ar is None)
+                for prompts in batches]
+        accepted = [a for r in runs for a in r.accepted]
+        tokens = [t for r in runs for t in r.tokens]
+        if runs[0].ar_tokens is not None:
+            ar = [t for r in runs for t in r.ar_tokens]
         for name in sets:
-            rounds = [a for n, a in zip(names, r.accepted) if n == name]
+            rounds = [a for n, a in zip(names, accepted) if n == name]
             committed = [k for a in rounds for k in a]
             row = dict(benchmark=name, budget=b, temperature=temperature,
                        tau=sum(committed) / max(len(committed), 1),
                        tau_hist=np.bincount(np.asarray(committed, int)).tolist(),
                        prompts=len(rounds))
             if temperature == 0:
-                same = [a == t for n, a, t in zip(names, ar, r.tokens) if n == name]
+                same = [a == t for n, a, t in zip(names, ar, tokens) if n == name]
                 row.update(identical=all(same), identical_share=float(np.mean(same)))
             rows.append(row)
     return rows
@@ -86,6 +96,8 @@ def main():
     ap.add_argument("--budgets", type=int, nargs="*", default=[16, 32, 64, 128, 256])
     ap.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 1.0])
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=0,
+                    help="prompts decoded together for tau (0: all in one batch)")
     ap.add_argument("--batch1-prompts", type=int, default=8,
                     help="prompts per benchmark timed at batch 1 (0: no speed measurement)")
     ap.add_argument("--batch1-budgets", type=int, nargs="+", default=[16, 64])
@@ -100,7 +112,7 @@ def main():
     sets = {k: (v[:args.limit] if args.limit else v) for k, v in sets.items()}
     for t in args.temperatures:
         result["tau"][t] = tau_rows(target, draft, sets, budgets=args.budgets, temperature=t,
-                                    max_new=args.max_new_tokens)
+                                    max_new=args.max_new_tokens, batch_size=args.batch_size)
         write_json(args.out, result)
     if args.batch1_prompts:
         prompts = [p for name in args.benchmarks

@@ -5,10 +5,13 @@ against steps, the training loss beside them.
       bench/results/training/train_smollm2_3layer_256anchors_h200_2026-12-01.jsonl \
       bench/results/training/train_smollm2_3layer_256anchors_from445_h200_2026-12-02.jsonl \
       bench/results/training/train_smollm2_3layer_256anchors_from2077_h200_2026-12-02.jsonl \
+      bench/results/training/train_smollm2_3layer_256anchors_from3625_h200_2026-12-02.jsonl \
       --labels "first run" "resumed from step 445" "resumed from step 2,077 (new samples)" \
+          "from step 3,625, every prompt, a new schedule" --step-offsets 0 0 0 3625 \
       --out docs/img/training_curves.png
 
-Left: held-out tau at the tree budget the trainer evaluates with; middle: held-out KL per draft
+--step-offsets: added to each log's steps (a run that started its own step count from a
+head's weights). Left: held-out tau at the tree budget the trainer evaluates with; middle: held-out KL per draft
 depth at each evaluation (darker = later step); right: training loss. Prints the eval rows.
 """
 
@@ -25,11 +28,15 @@ def read_log(path: str) -> list[dict]:
 
 
 def main() -> None:
-    args = files_labels_out(__doc__, "logs")
+    args = files_labels_out(__doc__, "logs", extra=lambda ap: ap.add_argument(
+        "--step-offsets", type=int, nargs="+", help="one per log (default: 0 each)"))
     labels = args.labels
+    offsets = args.step_offsets or [0] * len(args.logs)
+    if len(offsets) != len(args.logs):
+        raise SystemExit("error: give one --step-offsets entry per log")
     fig, (tau_ax, kl_ax, loss_ax) = plt.subplots(1, 3, figsize=(15, 4.2))
-    for i, (path, label) in enumerate(zip(args.logs, labels)):
-        rows = read_log(path)
+    for i, (path, label, offset) in enumerate(zip(args.logs, labels, offsets)):
+        rows = [{**r, "step": r["step"] + offset} for r in read_log(path)]
         evals = [r for r in rows if "eval" in r]
         color = f"C{i}"
         loss_ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], color=color,

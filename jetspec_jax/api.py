@@ -73,13 +73,15 @@ def auto_buckets() -> tuple[int, ...]:
     return GPU_BUCKETS if jax.default_backend() == "gpu" else CPU_BUCKETS
 
 
-def default_budget() -> int:
-    """Tree nodes per round. A GPU verifies 64 nodes for little more than the cost of 16
-    (Qwen3-8B on the H200: a budget-64 round costs 1.59 AR steps, budget 16 1.36); with the
-    shipped SmolLM2 head, 16 and 64 were within the spread between runs there. On the CPU
-    verifying costs nearly linearly in nodes: budgets 2 and 4 were the fastest of 2-32 (the
-    head's model card, checkpoints/smollm2-135m-jetspec/README.md)."""
-    return 64 if jax.default_backend() == "gpu" else 4
+def default_budget(draft: Draft | None = None) -> int:
+    """Tree nodes per round: the budget measured fastest with this head on this kind of machine
+    (`Draft.best_budget`, from its model card's evaluation: "h200" stands for any GPU), else
+    64 on a GPU, which verifies 64 nodes for little more than the cost of 16 (Qwen3-8B on the
+    H200: a budget-64 round costs 1.59 AR steps, budget 16 1.36), and 4 on a CPU, where
+    verifying costs nearly linearly in nodes."""
+    gpu = jax.default_backend() == "gpu"
+    measured = (draft.best_budget if draft is not None else {}).get("h200" if gpu else "cpu")
+    return measured or (64 if gpu else 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +269,7 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
              matmul_impl: str = "auto", mesh=None, prefill_chunk: int = PREFILL_CHUNK) -> _Run:
     """`generate`'s options checked, the prompts encoded and batched, and the weights and
     batch placed on the mesh."""
+    budget = default_budget(draft) if budget is None else budget
     opts = decoding_options(budget=budget, width=width, tree=tree, draft_mode=draft_mode,
                             temperature=temperature, top_k=top_k, top_p=top_p,
                             attn_impl=attn_impl, matmul_impl=matmul_impl)
@@ -310,7 +313,7 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
              prefill_chunk: int = PREFILL_CHUNK) -> GenerationResult:
     """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
 
-    budget: tree nodes per round (None: `default_budget()`), or "auto": each round picks its
+    budget: tree nodes per round (None: `default_budget(draft)`), or "auto": each round picks its
     tree size from `auto_buckets()` by expected tokens per second (`adaptive_spec`);
     draft_mode: "per_depth" or "path" (path-conditioned trees, docs/drafting_variants.md);
     chat: wrap text prompts in the chat template; stop_ids: None means the tokenizer's eos

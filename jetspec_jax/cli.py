@@ -285,7 +285,8 @@ def _generate_parser(sub) -> None:
                    f"a size from {'/'.join(map(str, options.GPU_BUCKETS))} on a GPU, "
                    f"{'/'.join(map(str, options.CPU_BUCKETS))} on a CPU, for the most expected "
                    "tokens per second, from round costs measured once at start-up (default: "
-                   "64 on GPU, 4 on CPU)")
+                   "the budget the head's model card measured fastest on this kind of machine, "
+                   "else 64 on GPU, 4 on CPU)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sampling temperature; 0 means greedy decoding (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0, metavar="K",
@@ -413,7 +414,7 @@ def _serve_parser(sub) -> None:
     p.add_argument("--budget", type=budget_arg, metavar="N|auto",
                    help="tree nodes verified per round, or 'auto': the tree size follows the "
                    "number of active slots and each round's draft, from round costs measured "
-                   "at start-up per slot count (default: 64 on GPU, 4 on CPU)")
+                   "at start-up per slot count (default: as for generate)")
     p.add_argument("--chunk", type=positive_int, metavar="N",
                    help="rounds (steps without a head) per device call; requests join and "
                    "leave between calls (default: 4)")

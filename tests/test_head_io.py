@@ -3,6 +3,7 @@ tests/fixtures/make_reference_head.py) and our orbax format, with their errors."
 
 import dataclasses
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -157,6 +158,46 @@ def test_save_load_round_trip(tmp_path, mask_token_id, dtype):
     _, cast = read_draft_checkpoint(tmp_path / "d", dtype=F32)
     tree_equal(cast, jax.tree.map(lambda x: x.astype(F32), dp))
     assert json.loads((tmp_path / "d" / "metadata.json").read_text())["note"] == "hi"
+
+
+def test_default_budget_is_the_heads_measured_best(tmp_path, monkeypatch):
+    """The budget the head's evaluation measured fastest per machine is the default budget;
+    a head without one gets the machine's default; a bad entry is refused by name."""
+    from jetspec_jax import api
+    from jetspec_jax.io.load import read_draft
+
+    tcfg, _ = tiny_target()
+    dcfg, dp = tiny_head(tcfg)
+    save_draft(tmp_path / "d", dp, dcfg,
+               metadata={"evaluation": {"best_budget": {"h200": 16, "cpu": 2}}})
+    save_draft(tmp_path / "plain", dp, dcfg)
+    measured, plain = read_draft(tmp_path / "d"), read_draft(tmp_path / "plain")
+    assert measured.best_budget == {"h200": 16, "cpu": 2} and plain.best_budget == {}
+    assert api.default_budget(measured) == 2 and api.default_budget(plain) == 4
+    monkeypatch.setattr(api.jax, "default_backend", lambda: "gpu")
+    assert api.default_budget(measured) == 16 and api.default_budget(plain) == 64
+    assert api.default_budget() == 64
+    meta = json.loads((tmp_path / "d" / "metadata.json").read_text())
+    meta["evaluation"]["best_budget"]["cpu"] = 0
+    (tmp_path / "d" / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"evaluation.best_budget must map machines to "
+                       r"tree budgets 1..1024, got \{'cpu': 0\}"):
+        read_draft(tmp_path / "d")
+
+
+def test_shipped_heads_default_budgets_are_its_fastest_measured():
+    """The shipped head's evaluation has the figures its model card gives, and the default
+    budget per machine is the fastest of the batch-1 runs recorded beside it."""
+    from jetspec_jax.io.load import read_draft
+
+    head = Path(__file__).parents[1] / "checkpoints" / "smollm2-135m-jetspec"
+    evaluation = json.loads((head / "metadata.json").read_text())["evaluation"]
+    assert set(evaluation["tau"]) == {"humaneval", "math500", "mtbench"}
+    for machine, runs in (("h200", "h200_bf16"), ("cpu", "cpu_f32")):
+        fastest = max(evaluation["batch1"][runs], key=lambda r: r["speedup"])
+        assert evaluation["best_budget"][machine] == fastest["budget"]
+        assert evaluation["speedup"][f"{runs}_batch1"] == round(fastest["speedup"], 3)
+    assert read_draft(head).best_budget == evaluation["best_budget"]
 
 
 def test_checkpoint_saved_on_another_device_loads_here(tmp_path):

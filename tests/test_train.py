@@ -447,6 +447,33 @@ def test_chunked_anchor_loss_equals_one_pass(tiny, dataset):
         train_config(dataset, ".", anchor_chunk=3)
 
 
+def test_online_loss_equals_the_teacher_logits_at_each_slot(tiny, dataset):
+    """The online loss (teacher log-probs made once per position, gathered per chunk) equals
+    `distill_loss` over the head's logits and the target's logits taken slot by slot."""
+    from jetspec_jax.train.loss import head_loss, teacher_outputs
+
+    tcfg, tp = tiny
+    dcfg = train_config(dataset, ".").draft_config(tcfg)
+    batch = {k: jnp.asarray(v[:4]) for k, v in D.load_shards(dataset / "train").items()}
+    dp = init_params(draft_specs(dcfg), jax.random.key(0))
+
+    @jax.jit
+    def both():
+        teach = teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
+        hidden, taps = target_pass(tp, tcfg, batch["tokens"], dcfg.tap_layers)
+        pos = jnp.clip(teach["pos"], 0, hidden.shape[1] - 1)
+        at_slots = jax.vmap(lambda h, p: target.lm_head(tp, tcfg, h[p]))(hidden, pos)
+        ref = distill_loss(head_logits(dp, dcfg, tp, tcfg, taps, batch["tokens"],
+                                       teach["anchors"]), at_slots, teach["valid"], 3.0)
+        return ref, head_loss(dp, dcfg, tp, tcfg, batch["tokens"], teach, 3.0, anchor_chunk=2)
+
+    (l_ref, m_ref), (l, m) = both()
+    np.testing.assert_allclose(l, l_ref, rtol=1e-5)
+    for k in ("kl", "acc", "count"):
+        np.testing.assert_allclose(m[k], m_ref[k], rtol=1e-5, atol=1e-7)
+    assert float(l) > 0
+
+
 def test_head_shards_round_trip_and_fit_the_limit(tmp_path):
     """A head as flat safetensors files: each within the limit, loaded back equal from the
     folder or the files; a missing file is named. The 5-layer SmolLM2 head in bfloat16 takes
@@ -523,7 +550,6 @@ def test_final_norm_from_the_target(tiny, dataset):
 def test_step_flops_match_the_compiled_forwards():
     """The logged model FLOPs (`throughput.step_flops`) agree with XLA's count of the jitted
     head and target forwards to within their elementwise work (a few per cent)."""
-    from jetspec_jax.train.head_forward import target_logits_at
     from jetspec_jax.train.throughput import step_flops
 
     tcfg, tp = tiny_target("dense", seed=0, vocab=256)
@@ -532,15 +558,14 @@ def test_step_flops_match_the_compiled_forwards():
     tokens = jnp.zeros((b, t), jnp.int32)
     anchors = jnp.tile(jnp.arange(a, dtype=jnp.int32)[None], (b, 1))
     taps = jnp.zeros((b, t, 2 * tcfg.hidden_size))
-    pos = jnp.zeros((b, a, 3), jnp.int32)
 
     def xla_flops(fn, *args):
         cost = jax.jit(fn).lower(*args).compile().cost_analysis()
         return (cost[0] if isinstance(cost, list) else cost)["flops"]
 
     head = xla_flops(lambda dp: head_logits(dp, dcfg, tp, tcfg, taps, tokens, anchors), dp)
-    teacher = xla_flops(lambda tp: target_logits_at(
-        tp, tcfg, target_pass(tp, tcfg, tokens, dcfg.tap_layers)[0], pos), tp)
+    teacher = xla_flops(lambda tp: target.lm_head(
+        tp, tcfg, target_pass(tp, tcfg, tokens, dcfg.tap_layers)[0]), tp)
     got = step_flops(tcfg, dcfg, batch=b, seq_len=t, anchors=a)
     assert 0.9 * head < got["head"] <= head and 0.9 * teacher < got["target"] <= teacher
     assert got["step"] == got["target"] + 3 * got["head"]

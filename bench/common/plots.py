@@ -12,10 +12,13 @@ from bench.common.results_io import write_atomic  # noqa: E402
 __all__ = ["plt", "files_labels_out", "save_png"]
 
 
-def files_labels_out(doc: str, files: str = "files") -> argparse.Namespace:
-    """Parses `FILES... [--labels L...] --out PNG`; labels default to the file names."""
+def files_labels_out(doc: str, files: str = "files", extra=None) -> argparse.Namespace:
+    """Parses `FILES... [--labels L...] --out PNG`; labels default to the file names.
+    extra(parser), when given, adds the script's own options."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument(files, nargs="+")
+    if extra is not None:
+        extra(ap)
     ap.add_argument("--labels", nargs="+", help="one per file (default: the file names)")
     ap.add_argument("--out", required=True, help="the PNG to write")
     args = ap.parse_args()

@@ -16,7 +16,8 @@ from jetspec_jax.draft.head import DraftConfig, draft_specs
 from jetspec_jax.io import cache, convert
 from jetspec_jax.io.checkpoints import CheckpointError, load_target_checkpoint, save_target
 from jetspec_jax.io.prompts import read_prompt_file  # noqa: F401  (re-exported)
-from jetspec_jax.io.sources import CHECKPOINT_DIRS, default_draft_path  # noqa: F401  (the same)
+from jetspec_jax.io.sources import (  # noqa: F401  (CHECKPOINT_DIRS, default_draft_path: the same)
+    CHECKPOINT_DIRS, default_draft_path, read_json_object)
 from jetspec_jax.io.tokenizer import Tokenizer
 from jetspec_jax.model import layout, sharding
 from jetspec_jax.model.config import ModelConfig
@@ -45,6 +46,9 @@ class Draft:
     dcfg: DraftConfig
     params: dict
     path: str | None = None
+    # The tree budgets measured fastest with this head at batch 1, per machine ("h200",
+    # "cpu"), from its metadata's "evaluation"; `api.default_budget` decodes with them.
+    best_budget: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def resolve_dtype(dtype):
@@ -145,7 +149,21 @@ def read_draft(path: str | Path, *, dtype=None) -> Draft:
 
     with _reading(path):
         dcfg, params = head_io.read_any_draft(path, dtype=dtype)
-    return Draft(dcfg, params, str(path))
+    return Draft(dcfg, params, str(path), measured_best_budget(path))
+
+
+def measured_best_budget(path: str | Path) -> dict[str, int]:
+    """{machine: budget} from the "evaluation" of the head's metadata.json ({} without one)."""
+    root = Path(path) if Path(path).is_dir() else Path(path).parent
+    if not (root / "metadata.json").is_file():
+        return {}
+    best = read_json_object(root / "metadata.json", "of checkpoint metadata").get(
+        "evaluation", {}).get("best_budget", {})
+    bad = {k: v for k, v in best.items() if not (isinstance(v, int) and 1 <= v <= 1024)}
+    if bad:
+        raise CheckpointError(f"{root}/metadata.json: evaluation.best_budget must map machines "
+                              f"to tree budgets 1..1024, got {bad}")
+    return dict(best)
 
 
 def fit_draft(draft: Draft, target: Target, *, mesh=None) -> Draft:

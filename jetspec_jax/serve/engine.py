@@ -46,7 +46,7 @@ class QueueFull(Exception):
 class EngineConfig:
     max_batch: int = 8  # batch slots on the device
     max_len: int = 2048  # prompt + generated tokens of one request, at most
-    budget: int | str | None = None  # tree nodes per round, "auto", None: `api.default_budget`
+    budget: int | str | None = None  # tree nodes per round, "auto"; None: `api.default_budget`
     chunk: int | None = None  # rounds (steps without a head) per device call; None: 4
     max_queue: int = 64  # requests waiting for a slot, at most
     attn_impl: str = "auto"  # the attention kernel's name (`jetspec_jax.model.kernels`)
@@ -157,7 +157,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.metrics.set("slots_total", config.max_batch)
         self.max_len = min(config.max_len, target.cfg.max_position_embeddings)
-        opts = api.decoding_options(budget=config.budget, attn_impl=config.attn_impl)
+        budget = api.default_budget(draft) if config.budget is None else config.budget
+        opts = api.decoding_options(budget=budget, attn_impl=config.attn_impl)
         kernels = api.resolve_kernels(target, opts.attn_impl, opts.matmul_impl, target.mesh)
         self.buckets = config.slot_buckets or slot_buckets(config.max_batch)
         # 4 per call: the host's per-call work costs about as much as a round of a small

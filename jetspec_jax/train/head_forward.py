@@ -33,14 +33,6 @@ def target_pass(tparams, tcfg: ModelConfig, tokens, tap_layers):
     return hidden, taps
 
 
-def target_logits_at(tparams, tcfg: ModelConfig, hidden, positions):
-    """hidden [B, T, D], positions [B, A, J] (clipped to T-1) -> float32 logits [B, A, J, V]."""
-    b, a, j = positions.shape
-    idx = jnp.clip(positions, 0, hidden.shape[1] - 1).reshape(b, a * j)
-    picked = jnp.take_along_axis(hidden, idx[:, :, None], axis=1)  # [B, A*J, D]
-    return target.lm_head(tparams, tcfg, picked).reshape(b, a, j, -1)
-
-
 def sample_anchors(key, lengths, prompt_lengths, num_anchors: int, seq_len: int):
     """A distinct random anchors per sequence in the response region [P, L-2] (an anchor needs
     at least one supervised token after it). -> (anchors [B, A] int32, valid [B, A]); when a

@@ -10,9 +10,10 @@ the KL is sum_k p_k (log p_k - log q_k) with the head's full log-softmax q. The 
 baseline (`eagle.py`) is trained the same way on its unrolled chain of D depths. With
 `prefix_fill` some blocks hold true tokens in their first slots (`prefix_fill.py`), as the
 path-conditioned drafting pass shows them; those slots are not supervised.
-The anchors run in chunks (`map_anchor_chunks`): the head's and the teacher's logits of one
-chunk, [B, chunk, blk-1, V] in float32, are all a step holds at a time, so recipe-sized anchor
-counts (256-512 per sequence) fit; the result equals one pass over all anchors.
+The anchors run in chunks (`map_anchor_chunks`): the head's logits and the teacher's
+log-probabilities of one chunk, [B, chunk, blk-1, V] in float32, are all a step holds at a time
+beside the teacher's [B, T, V], so recipe-sized anchor counts (256-512 per sequence) fit; the
+result equals one pass over all anchors.
 
 Mask token: a head either owns a learned `mask_embed` (`DraftConfig.mask_token_id=None`) or
 uses the target's embedding of a reserved id. We recommend the learned embedding for new
@@ -30,8 +31,8 @@ import jax.numpy as jnp
 from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.train.eagle import EagleConfig, eagle_logits
-from jetspec_jax.train.head_forward import (head_context, head_logits, sample_anchors,
-                                            target_logits_at, target_pass)
+from jetspec_jax.model import target
+from jetspec_jax.train.head_forward import head_context, head_logits, sample_anchors, target_pass
 from jetspec_jax.train.prefix_fill import sample_fill, supervised
 
 
@@ -59,10 +60,14 @@ def _reduce(kl, hit, valid, weights):
 
 def slot_kl(head, teacher):
     """head, teacher: logits [..., V] -> per-slot KL(teacher || head) and argmax hit [...]."""
-    logp = jax.nn.log_softmax(teacher.astype(jnp.float32), axis=-1)
+    return slot_logp_kl(head, jax.nn.log_softmax(teacher.astype(jnp.float32), axis=-1))
+
+
+def slot_logp_kl(head, logp):
+    """As `slot_kl` with the teacher already as float32 log-probabilities logp [..., V]."""
     logq = jax.nn.log_softmax(head.astype(jnp.float32), axis=-1)
     kl = jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1)
-    return kl, jnp.argmax(head, axis=-1) == jnp.argmax(teacher, axis=-1)
+    return kl, jnp.argmax(head, axis=-1) == jnp.argmax(logp, axis=-1)
 
 
 def slot_topk_kl(head, top_logp, top_ids):
@@ -109,6 +114,14 @@ def map_anchor_chunks(fn, chunk: int | None, *xs):
                         out)
 
 
+def at_positions(x, pos):
+    """x [B, T, ...] at pos [B, A, J] (clipped to T-1) -> [B, A, J, ...]."""
+    b, a, j = pos.shape
+    idx = jnp.clip(pos, 0, x.shape[1] - 1).reshape(b, a * j)
+    idx = idx.reshape(b, a * j, *([1] * (x.ndim - 2)))
+    return jnp.take_along_axis(x, idx, axis=1).reshape(b, a, j, *x.shape[2:])
+
+
 def _anchor_slots(key, batch, num_anchors: int, depth: int):
     """Anchors [B, A], the teacher positions of their slots pos [B, A, J] (slot d predicts
     the token at pos + 1) and which slots are supervised, valid [B, A, J]."""
@@ -125,12 +138,15 @@ def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig,
     """The frozen target's part of a training step (no gradient flows into it), run online.
 
     batch: {"tokens" [B, T], "lengths" [B], "prompt_lengths" [B]}. -> dict with taps
-    [B, T, k*D], the final hidden states [B, T, D], anchors [B, A], the teacher positions of
-    their slots pos [B, A, blk-1] and valid [B, A, blk-1]. The teacher logits are taken at pos
-    per anchor chunk in `head_loss` ([B, A, blk-1, V] at once would dwarf the rest)."""
+    [B, T, k*D], the teacher's log-probabilities at every position logp [B, T, V] (float32),
+    anchors [B, A], the teacher positions of their slots pos [B, A, blk-1] and valid
+    [B, A, blk-1]. logp is made once per position and gathered per anchor chunk in
+    `head_loss`: the slots repeat each position about A*(blk-1)/T times (8x at 256 anchors
+    over 448 tokens), and [B, A, blk-1, V] at once would dwarf the rest."""
     hidden, taps = target_pass(tparams, tcfg, batch["tokens"], dcfg.tap_layers)
+    logp = jax.nn.log_softmax(target.lm_head(tparams, tcfg, hidden).astype(jnp.float32), -1)
     anchors, pos, valid = _anchor_slots(key, batch, num_anchors, dcfg.depth)
-    return jax.lax.stop_gradient({"taps": taps, "hidden": hidden, "anchors": anchors,
+    return jax.lax.stop_gradient({"taps": taps, "logp": logp, "anchors": anchors,
                                   "pos": pos, "valid": valid})
 
 
@@ -141,12 +157,10 @@ def cached_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | Eagle
     anchors. -> dict with taps (in the target's dtype), anchors, valid and the top-K teacher
     top_logp, top_ids [B, A, blk-1, K]."""
     anchors, pos, valid = _anchor_slots(key, batch, num_anchors, dcfg.depth)
-    b, a, j = pos.shape
-    idx = jnp.clip(pos, 0, batch["tokens"].shape[1] - 1).reshape(b, a * j, 1)
-    pick = lambda x: jnp.take_along_axis(x, idx, axis=1).reshape(b, a, j, -1)  # noqa: E731
     return jax.lax.stop_gradient({
         "taps": batch["taps"].astype(tparams["embed"].dtype), "anchors": anchors,
-        "top_logp": pick(batch["top_logp"]), "top_ids": pick(batch["top_ids"]), "valid": valid})
+        "top_logp": at_positions(batch["top_logp"], pos),
+        "top_ids": at_positions(batch["top_ids"], pos), "valid": valid})
 
 
 def head_loss(dparams, dcfg: DraftConfig | EagleConfig, tparams, tcfg: ModelConfig, tokens,
@@ -175,9 +189,9 @@ def head_loss(dparams, dcfg: DraftConfig | EagleConfig, tparams, tcfg: ModelConf
         logits = lambda anc, fl: head_logits(  # noqa: E731
             dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anc,
             fl if prefix_fill > 0 else None, ctx=ctx)
-    if "hidden" in teach:
-        fn = lambda anc, fl, pos: slot_kl(  # noqa: E731
-            logits(anc, fl), target_logits_at(tparams, tcfg, teach["hidden"], pos))
+    if "logp" in teach:
+        fn = lambda anc, fl, pos: slot_logp_kl(  # noqa: E731
+            logits(anc, fl), at_positions(teach["logp"], pos))
         kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, fill, teach["pos"])
     else:
         fn = lambda anc, fl, lp, ids: slot_topk_kl(logits(anc, fl), lp, ids)  # noqa: E731

@@ -2,8 +2,8 @@
 
 Counted as the step computes them: matmuls only (2 FLOPs a multiply-add), attention over every
 key it scores (the dense masked training attention, causal target attention in full). A step
-is the frozen target's forward over B x T tokens (none with a feature cache), its LM head at
-the teacher slots, and the head's forward and backward (3x its forward, the usual estimate;
+is the frozen target's forward over B x T tokens with its LM head at every position (none with
+a feature cache), and the head's forward and backward (3x its forward, the usual estimate;
 the recomputation of checkpointed anchor chunks is not model work and is not counted).
 
     flops = step_flops(tcfg, dcfg, batch=32, seq_len=448, anchors=256, anchor_chunk=32)
@@ -40,7 +40,7 @@ def step_flops(tcfg: ModelConfig, dcfg: DraftConfig, *, batch: int, seq_len: int
     d, v = tcfg.hidden_size, tcfg.vocab_size
     slots = b * anchors * (blk - 1)
     target = 0 if cached else (sum(layer_flops(tcfg, i, b * t, t) for i in range(tcfg.num_layers))
-                               + 2 * slots * d * v)  # the teacher's LM head
+                               + 2 * b * t * d * v)  # the teacher's LM head
     c = dcfg.layers
     q = b * anchors * blk
     chunk = min(anchor_chunk or anchors, anchors)
