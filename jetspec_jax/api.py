@@ -95,13 +95,14 @@ class Options:
 
 def decoding_options(*, budget=None, width=7, tree="accum_logp", draft_mode="per_depth",
                      temperature=0.0, top_k=0, top_p=1.0, attn_impl="auto",
-                     matmul_impl="auto") -> Options:
-    """Validates the decoding flags (cheap: the CLI calls it before loading a model)."""
+                     matmul_impl="auto", draft: Draft | None = None) -> Options:
+    """Validates the decoding flags (cheap: the CLI calls it before loading a model).
+    budget None: `default_budget(draft)`."""
     auto = isinstance(budget, str) and budget == "auto"
     if isinstance(budget, str) and not auto:
         raise ValueError(f"budget must be a number of tree nodes or 'auto', got {budget!r}")
     if budget is None:
-        budget = default_budget()
+        budget = default_budget(draft)
     spec = TreeSpec(max(auto_buckets()) if auto else budget, width, tree, draft_mode)
     kernels_lib.choose(attn_impl, matmul_impl)  # names and the machine checked up front
     return Options(Sampler(temperature, top_k, top_p), spec, attn_impl, matmul_impl, auto)
@@ -269,10 +270,9 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
              matmul_impl: str = "auto", mesh=None, prefill_chunk: int = PREFILL_CHUNK) -> _Run:
     """`generate`'s options checked, the prompts encoded and batched, and the weights and
     batch placed on the mesh."""
-    budget = default_budget(draft) if budget is None else budget
     opts = decoding_options(budget=budget, width=width, tree=tree, draft_mode=draft_mode,
                             temperature=temperature, top_k=top_k, top_p=top_p,
-                            attn_impl=attn_impl, matmul_impl=matmul_impl)
+                            attn_impl=attn_impl, matmul_impl=matmul_impl, draft=draft)
     if draft is not None:
         check_fits(draft, target)
     ids = encode_prompts(target, prompts, chat=chat)

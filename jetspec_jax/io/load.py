@@ -22,7 +22,7 @@ from jetspec_jax.io.tokenizer import Tokenizer
 from jetspec_jax.model import layout, sharding
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.params import target_specs
-from jetspec_jax.options import DEFAULT_MODEL, DTYPE_NAMES
+from jetspec_jax.options import DEFAULT_MODEL, DTYPE_NAMES, MAX_BUDGET
 
 DTYPES = {name: getattr(jnp, name) for name in DTYPE_NAMES}
 
@@ -159,10 +159,10 @@ def measured_best_budget(path: str | Path) -> dict[str, int]:
         return {}
     best = read_json_object(root / "metadata.json", "of checkpoint metadata").get(
         "evaluation", {}).get("best_budget", {})
-    bad = {k: v for k, v in best.items() if not (isinstance(v, int) and 1 <= v <= 1024)}
+    bad = {k: v for k, v in best.items() if not (isinstance(v, int) and 1 <= v <= MAX_BUDGET)}
     if bad:
         raise CheckpointError(f"{root}/metadata.json: evaluation.best_budget must map machines "
-                              f"to tree budgets 1..1024, got {bad}")
+                              f"to tree budgets 1..{MAX_BUDGET}, got {bad}")
     return dict(best)
 
 

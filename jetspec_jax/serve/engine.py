@@ -157,8 +157,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.metrics.set("slots_total", config.max_batch)
         self.max_len = min(config.max_len, target.cfg.max_position_embeddings)
-        budget = api.default_budget(draft) if config.budget is None else config.budget
-        opts = api.decoding_options(budget=budget, attn_impl=config.attn_impl)
+        opts = api.decoding_options(budget=config.budget, attn_impl=config.attn_impl,
+                                    draft=draft)
         kernels = api.resolve_kernels(target, opts.attn_impl, opts.matmul_impl, target.mesh)
         self.buckets = config.slot_buckets or slot_buckets(config.max_batch)
         # 4 per call: the host's per-call work costs about as much as a round of a small

@@ -117,8 +117,7 @@ def map_anchor_chunks(fn, chunk: int | None, *xs):
 def at_positions(x, pos):
     """x [B, T, ...] at pos [B, A, J] (clipped to T-1) -> [B, A, J, ...]."""
     b, a, j = pos.shape
-    idx = jnp.clip(pos, 0, x.shape[1] - 1).reshape(b, a * j)
-    idx = idx.reshape(b, a * j, *([1] * (x.ndim - 2)))
+    idx = jnp.clip(pos, 0, x.shape[1] - 1).reshape(b, a * j, *([1] * (x.ndim - 2)))
     return jnp.take_along_axis(x, idx, axis=1).reshape(b, a, j, *x.shape[2:])
 
 
