@@ -103,6 +103,8 @@ def main():
     ap.add_argument("--batch1-budgets", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.batch_size < 0:
+        ap.error(f"--batch-size must be >= 0 (0: all prompts in one batch), got {args.batch_size}")
     api.exact_float32(args.dtype)
     target = api.load_target(args.model, dtype=args.dtype)
     draft = api.load_draft(args.draft or api.default_draft_path(args.model), target)
