@@ -533,8 +533,9 @@ def _train_data_parser(sub) -> None:
 
     p = _subparser(sub, "train-data", "make self-distillation data for training a head",
                    "Applies the chat template to prompts (every ShareGPT human turn with its "
-                   "history, generated math word problems and coding prompts from the Python "
-                   "standard library, deduplicated and split into train / held-out by their "
+                   "history, generated math word problems and competition-style problems, "
+                   "coding prompts and function stubs from the Python standard library, "
+                   "deduplicated and split into train / held-out by their "
                    "text), lets the target answer each greedily plus --samples times at "
                    "--sample-temperature with batched on-device decoding, and writes token "
                    "shards plus manifest.json (token counts, tokens/s) to OUT. Resumable: "

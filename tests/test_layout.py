@@ -17,10 +17,13 @@ from jetspec_jax.io.checkpoints import save_target
 from jetspec_jax.io.heads import save_draft
 from jetspec_jax.model import layout
 from jetspec_jax.model.kernels import Kernels
-from test_api_cli import word_tokenizer
+from test_api_cli import PROMPTS, VOCAB, word_tokenizer
 from test_speculative import assert_same
 
 KW = dict(sampler=Sampler(), stop_ids=(), num_slots=48)
+# The autoregressive references below decode one batch shape (per target kind), so each is
+# compiled once: 3 prompts of up to 7 tokens, 10 new tokens.
+BATCH, PROMPT_LEN, NEW = 3, 7, 10
 
 
 @pytest.mark.parametrize("kind", ["dense", "llama", "moe"])
@@ -47,10 +50,10 @@ def test_round_trip_and_leaves(kind):
 @pytest.mark.parametrize("kind", ["dense", "llama", "moe"])
 def test_greedy_decode_identical(kind):
     cfg, params = tiny_target(kind, seed=6, vocab=32)
-    prompt, lens = random_prompts(np.random.default_rng(4), 3, 7, cfg.vocab_size)
-    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, max_new=10, **KW)
+    prompt, lens = random_prompts(np.random.default_rng(4), BATCH, PROMPT_LEN, cfg.vocab_size)
+    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, max_new=NEW, **KW)
     got = ar_generate(layout.fuse_projections(params), prompt, lens, jax.random.key(0),
-                      cfg=cfg, max_new=10, **KW)
+                      cfg=cfg, max_new=NEW, **KW)
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
 
 
@@ -59,11 +62,11 @@ def test_greedy_decode_identical(kind):
 def test_speculative_with_fused_weights_equals_autoregressive(kind, budget, width):
     tcfg, tp = tiny_target(kind, seed=8, vocab=32)
     dcfg, dp = tiny_head(tcfg, seed=9, block_size=4)
-    prompt, lens = random_prompts(np.random.default_rng(5), 2, 6, tcfg.vocab_size)
-    want = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, max_new=12, **KW)
+    prompt, lens = random_prompts(np.random.default_rng(5), BATCH, PROMPT_LEN, tcfg.vocab_size)
+    want = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, max_new=NEW, **KW)
     got, _ = spec_generate(layout.fuse_projections(tp), dp, prompt, lens, jax.random.key(0),
                            tcfg=tcfg, dcfg=dcfg, tree_spec=TreeSpec(budget, width),
-                           max_new=12, **KW)
+                           max_new=NEW, **KW)
     assert_same(want, got)
 
 
@@ -72,9 +75,9 @@ def test_pallas_projections_read_the_fused_layout():
     (3 fewer a layer than on separate weights), XLA's tokens."""
     cfg, params = tiny_target("dense", seed=5, vocab=32)
     pallas, fused = Kernels(matmul="pallas", interpret=True), layout.fuse_projections(params)
-    prompt, lens = random_prompts(np.random.default_rng(1), 2, 6, cfg.vocab_size)
+    prompt, lens = random_prompts(np.random.default_rng(1), BATCH, PROMPT_LEN, cfg.vocab_size)
     def run(p, kernels):
-        return ar_generate(p, prompt, lens, jax.random.key(0), cfg=cfg, max_new=6,
+        return ar_generate(p, prompt, lens, jax.random.key(0), cfg=cfg, max_new=NEW,
                            kernels=kernels, **KW)
     n_fused = count_eqns(lambda p: run(p, pallas).tokens, fused, name="small_m_matmul")
     n_separate = count_eqns(lambda p: run(p, pallas).tokens, params, name="small_m_matmul")
@@ -86,8 +89,9 @@ def test_pallas_projections_read_the_fused_layout():
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("layout")
-    tcfg, tparams = tiny_target("dense", vocab=24, seed=2)
-    dcfg, dparams = tiny_head(tcfg, block_size=4)
+    # test_api_cli's target and head shapes, decoded below as there: their programs are shared
+    tcfg, tparams = tiny_target("dense", vocab=VOCAB, seed=2)
+    dcfg, dparams = tiny_head(tcfg, block_size=6)
     return SimpleNamespace(target=save_target(root / "target", tparams, tcfg,
                                               tokenizer=word_tokenizer()),
                            head=save_draft(root / "head", dparams, dcfg))
@@ -97,14 +101,13 @@ def test_load_target_fuses_on_request_and_the_api_decodes_the_same(saved):
     plain = api.load_target(saved.target)  # CPU: the separate layout by default
     fused = api.load_target(saved.target, fuse=True)
     assert not layout.is_fused(plain.params) and layout.is_fused(fused.params)
-    prompts = ["w1 w2 w3", "w4"]
-    want = api.generate(plain, prompts, max_new_tokens=8)
+    want = api.generate(plain, PROMPTS, max_new_tokens=10)
     for target in (fused, plain):
         draft = api.load_draft(saved.head, target)
-        got = api.generate(target, prompts, draft=draft, max_new_tokens=8, budget=6)
+        got = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10, budget=8)
         assert got.tokens == want.tokens
     # a mesh asks for the separate layout: generate splits a fused target's weights first
-    on_mesh = api.generate(fused, prompts, max_new_tokens=8, mesh="tp=1")
+    on_mesh = api.generate(fused, PROMPTS, max_new_tokens=10, mesh="tp=1")
     assert on_mesh.tokens == want.tokens
     with pytest.raises(ValueError, match="fuse=True needs one device"):
         api.load_target(saved.target, fuse=True, mesh="tp=1")

@@ -49,9 +49,9 @@ def test_decoding_with_chunked_prefill_is_unchanged_and_lossless(seed):
     rng = np.random.default_rng(seed)
     tcfg, tp = tiny_target(("dense", "moe", "llama")[seed], seed=seed, vocab=12)
     dcfg, dp = tiny_head(tcfg, seed=seed + 7, block_size=6)
-    prompt, lens = random_prompts(rng, 3, 8, tcfg.vocab_size)
+    prompt, lens = random_prompts(rng, 3, 7, tcfg.vocab_size)  # test_speculative's AR program
     runs = []
-    for chunk in (3, 64):  # chunks of 3 tokens, then the 8-token prompts in one pass
+    for chunk in (3, 64):  # chunks of 3 tokens, then the 7-token prompts in one pass
         runs.append(run_both(tcfg, tp, dcfg, dp, prompt, lens, TreeSpec(16, 3),
                              prefill_chunk=chunk))
     (ar, sd, _), (ar_one_pass, sd_one_pass, _) = runs

@@ -1,8 +1,11 @@
-"""Training prompts (three sources, deduplication, a train / held-out split that shares no
+"""Training prompts (five sources, deduplication, a train / held-out split that shares no
 prompt text, prompt files) and the self-distillation data's sampled answers, on a tiny target."""
 
+import ast
+import itertools
 import json
 import lzma
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -16,6 +19,8 @@ from jetspec_jax.cli import main
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.io.checkpoints import save_target
 from jetspec_jax.train import data as D, prompts as P
+from jetspec_jax.train.code_prompts import stub_prompts
+from jetspec_jax.train.competition_prompts import competition_problems
 from test_api_cli import VOCAB, word_tokenizer
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "export_prompts.py"
@@ -89,11 +94,30 @@ def test_sources_are_deterministic_and_distinct():
                      limits={"math": 50}) == []
 
 
+def test_competition_problems_and_stubs():
+    """Competition problems are LaTeX with balanced $ delimiters; a stub is a function's
+    signature and docstring that parses as Python and names a real standard-library function."""
+    problems = list(itertools.islice(competition_problems(seed=0), 2500))
+    assert problems == list(itertools.islice(competition_problems(seed=0), 2500))
+    assert len(set(problems)) > 2000 and all(p.count("$") % 2 == 0 for p in problems)
+    assert sum("\\frac" in p or "^" in p for p in problems) > 500
+    stubs = list(stub_prompts(seed=0))
+    assert len(stubs) > 1000 and stubs == list(stub_prompts(seed=0))
+    names = set()
+    for prompt in stubs:
+        code = re.search(r"```python\n(.*)```", prompt, re.S).group(1)
+        (fn,) = ast.parse(code).body
+        assert isinstance(fn, ast.FunctionDef) and ast.get_docstring(fn)
+        names.add(fn.name)
+    assert {"dedent", "urljoin", "fnmatch", "mean"} <= names
+
+
 def test_heldout_mixes_all_sources(tmp_path, monkeypatch):
     convs = [conversation(f"c{i}", f"Tell me about topic {i}.", "ok", f"More on {i}?")
              for i in range(300)]
     monkeypatch.setattr(P, "sharegpt_path", lambda: write_sharegpt(tmp_path / "s.json", convs))
-    records = P.collect(seed=3, limits={"math": 600, "code": 600}, heldout_fraction=0.1)
+    limits = {"math": 600, "code": 600, "competition": 600, "stubs": 600}
+    records = P.collect(seed=3, limits=limits, heldout_fraction=0.1)
     held = [r for r in P.mixed(records) if r["split"] == "heldout"]
     assert len(held) >= 64 and {r["source"] for r in held[:64]} == set(P.SOURCES)
 

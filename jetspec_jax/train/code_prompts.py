@@ -3,12 +3,13 @@
 For each public function, class and method of the modules below that has a docstring: a
 "write this function" prompt from its signature and the first paragraph of its docstring (the
 wording a seeded choice), explain / test prompts, and for short ones edit / explain prompts
-that show its source.
+that show its source; and, for completion, each function's signature and docstring as a stub.
 Deterministic for a seed on one Python version (the order is sorted, not import order).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import random
@@ -35,6 +36,7 @@ MODULES = (
     "trace", "tracemalloc", "unittest.mock", "urllib.robotparser", "wave", "xml.sax.saxutils",
     "zipapp", "zoneinfo")
 MAX_SOURCE_LINES = 25  # longer sources would not fit a prompt
+MAX_DOC_LINES = 12  # of a stub's docstring
 
 WRITE = ("Write a Python function `{sig}` that {doc}",
          "Implement `{sig}` in Python. It should do the following: {doc}",
@@ -52,6 +54,10 @@ WITH_SOURCE = ("Explain what this Python function does, line by line:\n\n```pyth
                "Rewrite this Python function in JavaScript:\n\n```python\n{src}```",
                "Are there edge cases this Python function handles badly? Explain:\n\n"
                "```python\n{src}```")
+COMPLETE = ("Complete this Python function.\n```python\n{stub}```",
+            "Finish the implementation of this Python function:\n\n```python\n{stub}```",
+            "```python\n{stub}```\nWrite the body of this function.",
+            "Implement the function below.\n\n```python\n{stub}```")
 
 
 def _first_paragraph(doc: str) -> str:
@@ -117,3 +123,29 @@ def code_prompts(seed: int = 0) -> Iterator[str]:
             src = _source(obj) if inspect.isfunction(obj) else None
             if src:
                 yield from (t.format(src=src) for t in WITH_SOURCE)
+
+
+def _stub(name: str, obj) -> str | None:
+    """`def name(...):` and its docstring (at most MAX_DOC_LINES lines), with no body."""
+    sig, doc = _signature(name, obj), inspect.getdoc(obj)
+    if not sig or not doc or len(doc) < 20:
+        return None
+    lines = doc.replace('"""', "'''").splitlines()[:MAX_DOC_LINES]
+    body = "\n".join(f"    {x.rstrip()}" if x.strip() else "" for x in lines)
+    stub = f'def {sig}:\n    """{body.lstrip()}\n    """\n'
+    try:
+        ast.parse(stub)
+    except SyntaxError:  # a default value whose repr is not Python, say
+        return None
+    return stub
+
+
+def stub_prompts(seed: int = 0) -> Iterator[str]:
+    """Code completion: the signature and docstring of each documented public function and
+    method of MODULES, to be completed (the form of a function-completion benchmark)."""
+    r = random.Random(f"stubs-{seed}")
+    for modname in MODULES:
+        for qual, obj in _members(modname):
+            stub = _stub(qual.rsplit(".", 1)[1], obj) if inspect.isfunction(obj) else None
+            if stub:
+                yield r.choice(COMPLETE).format(stub=stub)

