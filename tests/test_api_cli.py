@@ -33,6 +33,7 @@ CHAT = ("{% for m in messages %}<user> {{ m['content'] }} {% endfor %}"
 GPU_ONLY = ("hopper", "portable", "decode", "fused_decode")
 AUTO = (4, 8)  # api.AUTO_BUCKETS in the tests: the defaults (up to 256 nodes) compile slowly
 PROMPTS = ("w1 w2 w3", "w4")  # most tests' batch, so they share compiled programs
+PROMPT_FLAGS = tuple(f for p in PROMPTS for f in ("--prompt", p))  # the same batch on the CLI
 
 
 def word_tokenizer() -> Tokenizer:
@@ -143,7 +144,7 @@ def test_default_draft_path(tmp_path, monkeypatch):
 
 def test_cli_generate_speculative(tiny, capsys):
     code, out, _ = run_cli(capsys, "generate", "--model", tiny.target, "--draft", tiny.head,
-                           *[f for p in PROMPTS for f in ("--prompt", p)],
+                           *PROMPT_FLAGS,
                            "--max-new-tokens", 10, "--budget", 8, "--compare")
     assert code == 0
     assert "=== prompt 1 ===" in out and "speculative: draft" in out and "tau " in out
@@ -191,7 +192,7 @@ def test_cli_convert_reference_head(tiny, capsys, tmp_path):
 def test_cli_bench(tiny, capsys, tmp_path):
     out_file = tmp_path / "bench.json"
     code, out, err = run_cli(capsys, "bench", "--model", tiny.target, "--draft", tiny.head,
-                             *[f for p in PROMPTS for f in ("--prompt", p)],
+                             *PROMPT_FLAGS,
                              "--max-new-tokens", 10, "--budgets", 4, 8, "--out", out_file)
     assert code == 0 and "budget" in out and "speedup" in out and "bench" in err  # progress
     rows = json.loads(out_file.read_text())["rows"]
@@ -205,7 +206,7 @@ def test_cli_draft_mode_and_auto_budget(tiny, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(api, "AUTO_BUCKETS", AUTO)
     out_file = tmp_path / "bench.json"  # the shapes of the API test above: compiled code reused
     code, out, _ = run_cli(capsys, "bench", "--model", tiny.target, "--draft", tiny.head,
-                           *[f for p in PROMPTS for f in ("--prompt", p)],
+                           *PROMPT_FLAGS,
                            "--max-new-tokens", 10, "--budgets", 8, "auto", "--draft-mode",
                            "path", "--out", out_file)
     assert code == 0 and "draft mode path" in out and "tree sizes chosen: " in out
@@ -422,6 +423,6 @@ def test_cli_train_data_then_train_draft_then_generate(tiny, capsys, tmp_path):
     code, out, _ = run_cli(capsys, *train)  # already finished: resumes at step 6, no work
     assert code == 0 and "trained 6 steps" in out
     code, out, _ = run_cli(capsys, "generate", "--model", tiny.target, "--draft", run / "head",
-                           *[f for p in PROMPTS for f in ("--prompt", p)], "--max-new-tokens", 10,
+                           *PROMPT_FLAGS, "--max-new-tokens", 10,
                            "--budget", 8, "--compare")
     assert code == 0 and "identical: yes" in out

@@ -37,6 +37,7 @@ MODULES = (
     "zipapp", "zoneinfo")
 MAX_SOURCE_LINES = 25  # longer sources would not fit a prompt
 MAX_DOC_LINES = 12  # of a stub's docstring
+MIN_DOC_CHARS = 20  # shorter docstrings say too little to prompt with
 
 WRITE = ("Write a Python function `{sig}` that {doc}",
          "Implement `{sig}` in Python. It should do the following: {doc}",
@@ -64,6 +65,12 @@ def _first_paragraph(doc: str) -> str:
     """The docstring's opening paragraph as a clause: "Return x." -> "return x." """
     para = " ".join(doc.strip().split("\n\n")[0].split())
     return para[:1].lower() + para[1:] if para[1:2].islower() else para
+
+
+def _docstring(obj) -> str | None:
+    """The object's docstring, if it says enough to make a prompt of."""
+    doc = inspect.getdoc(obj)
+    return doc if doc and len(doc) >= MIN_DOC_CHARS else None
 
 
 def _signature(name: str, obj) -> str | None:
@@ -109,8 +116,8 @@ def code_prompts(seed: int = 0) -> Iterator[str]:
     r = random.Random(f"code-{seed}")
     for modname in MODULES:
         for qual, obj in _members(modname):
-            doc = inspect.getdoc(obj)
-            if not doc or len(doc) < 20:
+            doc = _docstring(obj)
+            if not doc:
                 continue
             name = qual.rsplit(".", 1)[1]
             sig = _signature(name, obj)
@@ -127,8 +134,8 @@ def code_prompts(seed: int = 0) -> Iterator[str]:
 
 def _stub(name: str, obj) -> str | None:
     """`def name(...):` and its docstring (at most MAX_DOC_LINES lines), with no body."""
-    sig, doc = _signature(name, obj), inspect.getdoc(obj)
-    if not sig or not doc or len(doc) < 20:
+    sig, doc = _signature(name, obj), _docstring(obj)
+    if not sig or not doc:
         return None
     lines = doc.replace('"""', "'''").splitlines()[:MAX_DOC_LINES]
     body = "\n".join(f"    {x.rstrip()}" if x.strip() else "" for x in lines)

