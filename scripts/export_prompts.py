@@ -13,6 +13,7 @@ import collections
 import time
 
 from jetspec_jax import api
+from jetspec_jax.cli import positive_int
 from jetspec_jax.train import prompts as P
 
 
@@ -21,12 +22,14 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="a .jsonl, .jsonl.xz or .jsonl.gz file")
     ap.add_argument("--model", default=api.DEFAULT_MODEL, help="whose tokenizer measures length")
-    ap.add_argument("--max-prompt-len", type=int, default=192)
+    ap.add_argument("--max-prompt-len", type=positive_int, default=192)
     ap.add_argument("--sources", nargs="+", choices=P.SOURCES, default=list(P.SOURCES))
-    ap.add_argument("--math", type=int, default=P.ENDLESS_LIMIT, help="math word problems to make")
-    ap.add_argument("--competition", type=int, default=P.ENDLESS_LIMIT,
+    # A count below 1 would never be reached: an endless source would not end.
+    ap.add_argument("--math", type=positive_int, default=P.ENDLESS_LIMIT,
+                    help="math word problems to make")
+    ap.add_argument("--competition", type=positive_int, default=P.ENDLESS_LIMIT,
                     help="competition-style problems to make")
-    ap.add_argument("--code", type=int, help="coding prompts at most (default: all)")
+    ap.add_argument("--code", type=positive_int, help="coding prompts at most (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     tokenizer = api.load_target(args.model).tokenizer

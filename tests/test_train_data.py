@@ -206,3 +206,13 @@ def test_export_then_train_data(tiny, tmp_path, monkeypatch, capsys):
     assert manifest["num_seqs"] == 10 and manifest["generation"]["tokens_per_s"] > 0
     expected = {tuple(word_tokenizer().apply_chat_template(m)) for m in train}
     assert {k[0] for k in answers(out)} == expected
+
+
+def test_export_refuses_a_count_that_never_ends(tmp_path, monkeypatch, capsys):
+    """--competition -1 would let an endless source run forever: refused by name, nothing written."""
+    file = tmp_path / "prompts.jsonl.xz"
+    monkeypatch.setattr(sys, "argv", ["export", "--out", str(file), "--competition", "-1"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert done.value.code == 2 and not file.exists()
+    assert "--competition: expected a whole number >= 1, got '-1'" in capsys.readouterr().err
