@@ -10,6 +10,15 @@ against steps, the training loss beside them.
           "from step 3,625, every prompt, a new schedule" --step-offsets 0 0 0 3625 \
       --out docs/img/training_curves.png
 
+The fine-tunes on prompts of the benchmarks' kinds (training records, each with its log):
+
+  python -m bench.plot_training \
+      bench/results/training/finetune_5595_to_6795_competition_stubs_h200_2026-12-03.json \
+      bench/results/training/finetune_6795_to_8795_more_prompts_h200_2026-12-03.json \
+      --labels "from step 5,595: competition problems and stubs" \
+          "from step 6,795: more of those" --step-offsets 5595 6795 \
+      --out docs/img/finetune_curves.png
+
 --step-offsets: added to each log's steps (a run that started its own step count from a
 head's weights). Left: held-out tau at the tree budget the trainer evaluates with; middle: held-out KL per draft
 depth at each evaluation (darker = later step); right: training loss. Prints the eval rows.
@@ -23,7 +32,10 @@ from bench.common.plots import files_labels_out, plt, save_png
 
 
 def read_log(path: str) -> list[dict]:
+    """The rows of a metrics.jsonl, or the log of a training record (.json, under run.log)."""
     with open(path) as f:
+        if path.endswith(".json"):
+            return json.load(f)["run"]["log"]
         return [json.loads(line) for line in f if line.strip()]
 
 

@@ -86,3 +86,12 @@ def test_every_bench_script_imports():
     assert {"bench_decode", "bench_speculative", "compare_heads"} <= set(names)
     for name in names:
         assert callable(importlib.import_module(f"bench.{name}").main), name
+
+
+def test_training_logs_read_from_metrics_and_training_records(tmp_path):
+    """A metrics.jsonl and a training record (.json, its log under run.log) give the same rows."""
+    from bench.plot_training import read_log
+    rows = [{"step": 10, "loss": 1.5}, {"step": 20, "loss": 1.2, "eval": {"tau": 2.0, "kl": [1.0]}}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    (tmp_path / "record.json").write_text(json.dumps({"note": "n", "run": {"log": rows}}))
+    assert read_log(str(tmp_path / "metrics.jsonl")) == rows == read_log(str(tmp_path / "record.json"))

@@ -19,7 +19,7 @@ from jetspec_jax.cli import main
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.io.checkpoints import save_target
 from jetspec_jax.train import data as D, prompts as P
-from jetspec_jax.train.code_prompts import stub_prompts
+from jetspec_jax.train.code_prompts import code_prompts, module_names, stub_prompts
 from jetspec_jax.train.competition_prompts import competition_problems
 from test_api_cli import VOCAB, word_tokenizer
 
@@ -110,6 +110,17 @@ def test_competition_problems_and_stubs():
         assert isinstance(fn, ast.FunctionDef) and ast.get_docstring(fn)
         names.add(fn.name)
     assert {"dedent", "urljoin", "fnmatch", "mean"} <= names
+
+
+def test_code_prompts_walk_packages_and_carry_no_addresses():
+    """Submodules of the walked packages are sources too, and no prompt shows a default value's
+    repr with a memory address (`<object object at 0x...>`), which would differ per process."""
+    modules = module_names()
+    assert {"logging.handlers", "email.headerregistry", "json.decoder"} <= set(modules)
+    assert len(modules) == len(set(modules))
+    code = list(code_prompts(seed=0))
+    assert len(code) > 20000 and not any(" at 0x" in c for c in code)
+    assert any("`logging.handlers." in c for c in code)
 
 
 def test_heldout_mixes_all_sources(tmp_path, monkeypatch):

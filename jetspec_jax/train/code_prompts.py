@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import pkgutil
 import random
 import warnings
 from collections.abc import Iterator
@@ -35,6 +36,10 @@ MODULES = (
     "shelve", "smtplib", "socket", "ssl", "subprocess", "symtable", "sysconfig", "tabnanny",
     "trace", "tracemalloc", "unittest.mock", "urllib.robotparser", "wave", "xml.sax.saxutils",
     "zipapp", "zoneinfo")
+# Packages whose public submodules are walked too (after MODULES, in sorted order).
+PACKAGES = ("asyncio", "collections", "concurrent", "dbm", "email", "http", "importlib", "json",
+            "logging", "multiprocessing", "sqlite3", "unittest", "urllib", "wsgiref", "xml",
+            "xmlrpc")
 MAX_SOURCE_LINES = 25  # longer sources would not fit a prompt
 MAX_DOC_LINES = 12  # of a stub's docstring
 MIN_DOC_CHARS = 20  # shorter docstrings say too little to prompt with
@@ -74,10 +79,24 @@ def _docstring(obj) -> str | None:
 
 
 def _signature(name: str, obj) -> str | None:
+    """`name(params)`, if it is Python: a default's repr such as `<object object at 0x...>`
+    is not, and would differ from process to process."""
     try:
-        return f"{name}{inspect.signature(obj)}"
-    except (TypeError, ValueError):  # builtins without a text signature
+        sig = f"{name}{inspect.signature(obj)}"
+        ast.parse(f"def {sig}: pass")
+    except (TypeError, ValueError, SyntaxError):  # no text signature (builtins), or not Python
         return None
+    return sig
+
+
+def module_names() -> list[str]:
+    """MODULES, then the public submodules of PACKAGES not among them."""
+    walked = set()
+    for package in PACKAGES:
+        path = importlib.import_module(package).__path__
+        walked |= {m.name for m in pkgutil.walk_packages(path, f"{package}.")
+                   if not any(part.startswith("_") for part in m.name.split("."))}
+    return [*MODULES, *sorted(walked - set(MODULES))]
 
 
 def _members(modname: str) -> Iterator[tuple[str, object]]:
@@ -112,9 +131,9 @@ def _source(obj) -> str | None:
 
 
 def code_prompts(seed: int = 0) -> Iterator[str]:
-    """Prompts for every documented public function / class / method of MODULES."""
+    """Prompts for every documented public function / class / method of the modules."""
     r = random.Random(f"code-{seed}")
-    for modname in MODULES:
+    for modname in module_names():
         for qual, obj in _members(modname):
             doc = _docstring(obj)
             if not doc:
@@ -142,16 +161,16 @@ def _stub(name: str, obj) -> str | None:
     stub = f'def {sig}:\n    """{body.lstrip()}\n    """\n'
     try:
         ast.parse(stub)
-    except SyntaxError:  # a default value whose repr is not Python, say
+    except SyntaxError:  # a docstring that ends in a backslash, say
         return None
     return stub
 
 
 def stub_prompts(seed: int = 0) -> Iterator[str]:
     """Code completion: the signature and docstring of each documented public function and
-    method of MODULES, to be completed (the form of a function-completion benchmark)."""
+    method of the modules, to be completed (the form of a function-completion benchmark)."""
     r = random.Random(f"stubs-{seed}")
-    for modname in MODULES:
+    for modname in module_names():
         for qual, obj in _members(modname):
             stub = _stub(qual.rsplit(".", 1)[1], obj) if inspect.isfunction(obj) else None
             if stub:
