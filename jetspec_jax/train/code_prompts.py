@@ -78,15 +78,22 @@ def _docstring(obj) -> str | None:
     return doc if doc and len(doc) >= MIN_DOC_CHARS else None
 
 
+def _is_python(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except SyntaxError:
+        return False
+    return True
+
+
 def _signature(name: str, obj) -> str | None:
     """`name(params)`, if it is Python: a default's repr such as `<object object at 0x...>`
     is not, and would differ from process to process."""
     try:
         sig = f"{name}{inspect.signature(obj)}"
-        ast.parse(f"def {sig}: pass")
-    except (TypeError, ValueError, SyntaxError):  # no text signature (builtins), or not Python
+    except (TypeError, ValueError):  # builtins without a text signature
         return None
-    return sig
+    return sig if _is_python(f"def {sig}: pass") else None
 
 
 def module_names() -> list[str]:
@@ -159,11 +166,7 @@ def _stub(name: str, obj) -> str | None:
     lines = doc.replace('"""', "'''").splitlines()[:MAX_DOC_LINES]
     body = "\n".join(f"    {x.rstrip()}" if x.strip() else "" for x in lines)
     stub = f'def {sig}:\n    """{body.lstrip()}\n    """\n'
-    try:
-        ast.parse(stub)
-    except SyntaxError:  # a docstring that ends in a backslash, say
-        return None
-    return stub
+    return stub if _is_python(stub) else None  # not, where a docstring ends in a backslash
 
 
 def stub_prompts(seed: int = 0) -> Iterator[str]:
