@@ -51,7 +51,8 @@ def main() -> None:
         rows = [{**r, "step": r["step"] + offset} for r in read_log(path)]
         evals = [r for r in rows if "eval" in r]
         color = f"C{i}"
-        loss_ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], color=color,
+        trained = [r for r in rows if "loss" in r]  # an eval off the log interval has no loss
+        loss_ax.plot([r["step"] for r in trained], [r["loss"] for r in trained], color=color,
                      lw=0.8, label=label)
         if not evals:
             continue

@@ -1,23 +1,36 @@
 #!/usr/bin/env bash
-# Trains the comparison heads side by side on one GPU, with the shipped head's data
-# and settings (scripts/train_default_head.sh made both): the DFlash (bidirectional) head and the
-# EAGLE-style head by default. Every run resumes from its checkpoints.
-#   RUN=runs/default-head MODEL=smollm2-135m TIME_LIMIT=7 bash scripts/train_baselines.sh
-# Settings from the environment (defaults in brackets): RUN [runs/default-head] holding data/ and
-# heldout/; HEADS [dflash eagle]; MODEL [smollm2-135m]; STEPS [2400]; TIME_LIMIT [none] minutes
-# of training per head; MEM [0.45] share of GPU memory per process (they share one GPU).
+# Trains draft heads side by side on one GPU, from scratch, on the same data and with the same
+# settings: the JetSpec head and its baselines, the DFlash (bidirectional) head and the
+# EAGLE-style head. Each head is scripts/train_default_head.sh's "train export" stages with
+# HEAD set, so every setting of that script (LAYERS, ANCHORS, GAMMA, DEPTH1_WEIGHT, STEPS, LR,
+# DEADLINE, ...) reaches every head alike. A head cut off by the deadline resumes from its
+# checkpoint on the next call; a finished one is skipped.
+#   RUN=runs/compare STEPS=900 GAMMA=3 DEPTH1_WEIGHT=3 DEADLINE=$(($(date +%s)+540)) \
+#     bash scripts/train_baselines.sh
+# RUN [runs/default-head] holds data/ and heldout/ (train_default_head.sh STAGES=data makes
+# them); head H trains in RUN/H and is exported to RUN/H-export; its log is RUN/H.log.
+# HEADS [jetspec dflash eagle]; MEM [0.9 / number of heads] share of GPU memory per process.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/default-head}
-PY=${PY:-python3}
-limit=()
-[[ -n "${TIME_LIMIT:-}" ]] && limit=(--time-limit "$TIME_LIMIT")
+read -r -a heads <<< "${HEADS:-jetspec dflash eagle}"
+for head in "${heads[@]}"; do
+  [[ $head == jetspec || $head == dflash || $head == eagle ]] \
+    || { echo "error: unknown head '$head' in HEADS (jetspec, dflash or eagle)" >&2; exit 1; }
+done
+[[ -d "$RUN/data" && -d "$RUN/heldout" ]] \
+  || { echo "error: $RUN/data or $RUN/heldout is missing: run train_default_head.sh STAGES=data first" >&2; exit 1; }
+mem=${MEM:-$(awk -v n="${#heads[@]}" 'BEGIN {printf "%.2f", 0.9 / n}')}
+
 pids=()
-for head in ${HEADS:-dflash eagle}; do
-  XLA_PYTHON_CLIENT_MEM_FRACTION=${MEM:-0.45} $PY -m jetspec_jax.cli train-draft \
-      --model "${MODEL:-smollm2-135m}" --data "$RUN/data" --eval-data "$RUN/heldout" \
-      --out "$RUN/$head" --head "$head" --head-layers 2 --block-size 16 --batch-size 32 \
-      --num-anchors 64 --steps "${STEPS:-2400}" --lr 6e-4 --eval-every 600 --ckpt-every 300 \
-      --dtype bfloat16 "${limit[@]}" > "$RUN/$head.log" 2>&1 &
+for head in "${heads[@]}"; do
+  if grep -qs '"complete": true' "$RUN/$head/head/metadata.json"; then
+    echo "== $head: done"
+    continue
+  fi
+  echo "== $head: training, log $RUN/$head.log"
+  XLA_PYTHON_CLIENT_MEM_FRACTION=$mem HEAD=$head STAGES="train export" RUN="$RUN" \
+    EXPORT="$RUN/$head-export" bash scripts/train_default_head.sh >> "$RUN/$head.log" 2>&1 &
   pids+=($!)
 done
 status=0

@@ -79,3 +79,35 @@ def count_eqns(fn, *args, primitive: str = "pallas_call", name: str | None = Non
         return n
 
     return count(closed.jaxpr)
+
+
+# Stands in for python3 in the training scripts' tests: records the CLI's arguments, and
+# train-draft writes a finished head's metadata.
+FAKE_TRAINING_PY = """#!/usr/bin/env bash
+echo "$@" >> "$CALLS"
+if [[ $3 == train-draft ]]; then
+  out=$(echo "$@" | sed -n 's/.*--out \\([^ ]*\\).*/\\1/p')
+  mkdir -p "$out/head" && echo '{"complete": true}' > "$out/head/metadata.json"
+fi
+"""
+
+
+def run_training_script(tmp_path, script, env: dict, make_data: bool = True):
+    """bash scripts/SCRIPT with RUN = tmp_path/run (holding data/ and heldout/ when make_data)
+    and the fake python -> (the finished process, the CLI calls it made, one line each)."""
+    import subprocess
+    from pathlib import Path
+
+    run = tmp_path / "run"
+    if make_data:
+        (run / "data").mkdir(parents=True, exist_ok=True)
+        (run / "heldout").mkdir(exist_ok=True)
+    py = tmp_path / "py"
+    py.write_text(FAKE_TRAINING_PY)
+    py.chmod(0o755)
+    calls = tmp_path / "calls"
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["bash", str(root / "scripts" / script)], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "RUN": str(run), "PY": str(py),
+                               "CALLS": str(calls), **env})
+    return done, (calls.read_text().splitlines() if calls.exists() else [])

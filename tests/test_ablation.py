@@ -2,39 +2,18 @@
 any run, a finished variant is skipped) and its table (bench/ablation_table.py)."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from bench import ablation_table
-
-ROOT = Path(__file__).resolve().parents[1]
-
-# Stands in for python3: records train-draft's arguments, writes a finished head's metadata.
-FAKE_PY = """#!/usr/bin/env bash
-echo "$@" >> "$CALLS"
-out=$(echo "$@" | sed -n 's/.*--out \\([^ ]*\\).*/\\1/p')
-mkdir -p "$out/head" && echo '{"complete": true}' > "$out/head/metadata.json"
-"""
+from helpers import run_training_script
 
 
 def _ablate(tmp_path: Path, variants: str, make_data: bool = True):
-    run = tmp_path / "run"
-    if make_data:
-        (run / "data").mkdir(parents=True, exist_ok=True)
-        (run / "heldout").mkdir(exist_ok=True)
-    py = tmp_path / "py"
-    py.write_text(FAKE_PY)
-    py.chmod(0o755)
-    calls = tmp_path / "calls"
-    env = {"PATH": "/usr/bin:/bin", "RUN": str(run), "PY": str(py), "CALLS": str(calls),
-           "VARIANTS": variants, "STEPS": "40"}
-    done = subprocess.run(["bash", str(ROOT / "scripts/ablate_head.sh")], env=env,
-                          capture_output=True, text=True)
-    lines = calls.read_text().splitlines() if calls.exists() else []
-    return done, lines
+    return run_training_script(tmp_path, "ablate_head.sh", {"VARIANTS": variants, "STEPS": "40"},
+                               make_data)
 
 
 def test_each_variant_passes_its_own_flags_to_train_draft(tmp_path):

@@ -95,3 +95,16 @@ def test_training_logs_read_from_metrics_and_training_records(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
     (tmp_path / "record.json").write_text(json.dumps({"note": "n", "run": {"log": rows}}))
     assert read_log(str(tmp_path / "metrics.jsonl")) == rows == read_log(str(tmp_path / "record.json"))
+
+
+def test_training_plot_takes_an_evaluation_off_the_log_interval(tmp_path, monkeypatch):
+    """An evaluation at a step that is not a log step is a row without a loss: still plotted."""
+    from bench import plot_training
+    rows = [{"step": 10, "loss": 1.5}, {"step": 15, "eval": {"tau": 2.0, "kl": [1.0, 1.4]}},
+            {"step": 20, "loss": 1.2}]
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "curves.png"
+    monkeypatch.setattr(sys, "argv", ["plot_training", str(log), "--out", str(out)])
+    plot_training.main()
+    assert out.stat().st_size > 0
