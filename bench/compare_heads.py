@@ -283,7 +283,9 @@ def markdown(result: dict) -> str:
              + (f" (in sub-batches of at most {a['max_batch']}, seconds summed)"
                 if a.get("max_batch") else "")
              + (" (all benchmarks together)" if a.get("one_batch") else ""),
-             "- heads: " + "; ".join(f"{n} = `{p}`" for n, p in result["head_paths"].items()),
+             "- heads: " + "; ".join(f"{n} = `{p}`" for n, p in result["head_paths"].items())
+             + (f"; the EAGLE-style head drafts {a['eagle_depth']} depths a round"
+                if a.get("eagle_depth") else ""),
              "- tau: tokens committed per round (accepted drafts + 1) over all rounds of the "
              "batch; hist[k]: rounds that committed k tokens (k = 0, 1, 2, ...); "
              "= AR: sequences whose output equals greedy autoregressive decoding token for "
@@ -416,6 +418,9 @@ def main():
                     help="decode each batch in sub-batches of at most this many prompts (0: "
                          "whole), to bound memory")
     ap.add_argument("--width", type=int, default=7)
+    ap.add_argument("--eagle-depth", type=int, default=None,
+                    help="depths the EAGLE-style head drafts per round (default: the depth it "
+                         "was trained for; its weights do not depend on it)")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="> 0: sample (tau under sampling; no AR comparison, no AR run)")
     ap.add_argument("--cost-depths", type=int, nargs="+", default=[1, 2, 4, 8, 15])
@@ -428,12 +433,19 @@ def main():
     ap.add_argument("--out", default=f"bench/results/heads/heads_cpu_{STAMP}.json")
     ap.add_argument("--md", default=None, help="markdown table (default: --out with .md)")
     args = ap.parse_args()
+    if args.eagle_depth is not None and args.eagle_depth < 1:
+        ap.error(f"--eagle-depth must be >= 1, got {args.eagle_depth}")
     if args.max_batch < 0:
         ap.error(f"--max-batch must be >= 0 (0: whole batches), got {args.max_batch}")
     t0 = time.perf_counter()
     out = Path(args.out)
     md = Path(args.md) if args.md else out.with_suffix(".md")
     command = command_line()
+    result = resume(out, command, {})  # checked before anything slow loads
+    if stored := other_dtype(result, args.dtype):
+        sys.exit(f"{out} holds {stored} results; a {args.dtype} run needs its own --out")
+    if result.get("cells") and result.get("args", {}).get("eagle_depth") != args.eagle_depth:
+        sys.exit(f"{out} holds results of another --eagle-depth; this run needs its own --out")
 
     api.exact_float32(args.dtype)
     target = api.load_target(args.model, dtype=args.dtype, progress=False)
@@ -444,6 +456,7 @@ def main():
         paths[name] = path
         if kind == "eagle":
             ecfg, eparams = eagle.load_eagle(ROOT / path if not Path(path).is_absolute() else path)
+            ecfg = dataclasses.replace(ecfg, depth=args.eagle_depth or ecfg.depth)
             eparams = jax.tree.map(lambda x: jnp.asarray(x, args.dtype), eparams)
             heads[name] = (kind, (ecfg, eparams))
         else:
@@ -451,9 +464,6 @@ def main():
                                                 else path, target))
     log(f"loaded target {args.model} and heads {', '.join(heads)}", t0)
 
-    result = resume(out, command, {})
-    if stored := other_dtype(result, args.dtype):
-        sys.exit(f"{out} holds {stored} results; a {args.dtype} run needs its own --out")
     result.update(model=args.model, dtype=args.dtype, backend=jax.default_backend(),
                   device=jax.devices()[0].device_kind,
                   machine=f"{platform.machine()}, {os.cpu_count()} logical CPUs",

@@ -219,3 +219,17 @@ def test_projection_table(tmp_path: Path, capsys) -> None:
     assert out.index("| m | 1 | 64 | 16 |") < out.index("| m | 1 | 64 | 256 |")  # sorted
     with pytest.raises(SystemExit, match="no result file"):
         project_speedup.main(["--rounds", str(tmp_path / "absent.json")])
+
+
+def test_a_run_at_another_eagle_depth_is_refused_before_loading(tmp_path, monkeypatch):
+    """Cells of one EAGLE depth never mix with another's; a depth below 1 is refused by name."""
+    out = tmp_path / "heads.json"
+    monkeypatch.setattr(sys, "argv", ["compare_heads", "--eagle-depth", "0", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        compare_heads.main()
+    out.write_text(json.dumps({"args": {"eagle_depth": 4}, "cells": {"a/eagle/16": {}}}))
+    monkeypatch.setattr(compare_heads.api, "load_target", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr(sys, "argv", ["compare_heads", "--heads", "eagle", "--eagle-depth", "8",
+                                      "--out", str(out)])
+    with pytest.raises(SystemExit, match="another --eagle-depth"):
+        compare_heads.main()

@@ -301,10 +301,14 @@ def test_eagle_training_forward_equals_inference(kind):
     np.testing.assert_allclose(jnp.cumsum(chosen[..., 0], -1), tree.scores[:, 1:], atol=1e-5)
 
 
-@pytest.mark.parametrize("kind,budget,width", [("dense", 16, 3), ("llama", 40, 4)])
-def test_eagle_greedy_speculative_equals_autoregressive(kind, budget, width):
+@pytest.mark.parametrize("kind,budget,width,depth", [("dense", 16, 3, None), ("llama", 40, 4, None),
+                                                    ("dense", 8, 3, 2)])
+def test_eagle_greedy_speculative_equals_autoregressive(kind, budget, width, depth):
+    """Also with a shallower tree than the head was made for (depth: its weights do not
+    depend on the depth, so a round may draft fewer)."""
     tcfg, tp = tiny_target(kind, seed=3, vocab=6)
     ecfg, ep = eagle_head(tcfg)
+    ecfg = dataclasses.replace(ecfg, depth=depth or ecfg.depth)
     prompt, lens = random_prompts(np.random.default_rng(0), 3, 6, tcfg.vocab_size)
     kw = dict(max_new=20, sampler=Sampler(), stop_ids=(4,), num_slots=96)
     ar = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, **kw)
