@@ -1,7 +1,10 @@
-"""Shared builders for tests: tiny random targets and heads."""
+"""Shared builders for tests: tiny random targets and heads, and a runner for the training
+scripts with a stand-in python."""
 
 import fcntl
 import os
+import subprocess
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -95,9 +98,6 @@ fi
 def run_training_script(tmp_path, script, env: dict, make_data: bool = True):
     """bash scripts/SCRIPT with RUN = tmp_path/run (holding data/ and heldout/ when make_data)
     and the fake python -> (the finished process, the CLI calls it made, one line each)."""
-    import subprocess
-    from pathlib import Path
-
     run = tmp_path / "run"
     if make_data:
         (run / "data").mkdir(parents=True, exist_ok=True)
