@@ -569,6 +569,9 @@ def _train_data_parser(sub) -> None:
     p.add_argument("--sample-temperature", type=float, default=0.8, metavar="T",
                    help="temperature of the sampled answers (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--teacher-top-k", type=int, default=0, metavar="K",
+                   help="also store the target's K most likely next tokens at every position, "
+                   "so train-draft runs no teacher LM head (0: none; default: %(default)s)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="dtype of the target's weights and cache (default: %(default)s)")
     _cache_flags(p)
@@ -579,6 +582,8 @@ def check_train_data(args) -> None:
     check_numbers(temperature=args.temperature)
     if args.samples < 0:
         raise ValueError(f"--samples must be >= 0, got {args.samples}")
+    if args.teacher_top_k < 0:
+        raise ValueError(f"--teacher-top-k must be >= 0, got {args.teacher_top_k}")
     if args.samples and args.sample_temperature <= 0:
         raise ValueError("--samples needs --sample-temperature > 0")
     if args.prompts and not Path(args.prompts).is_file():
@@ -617,7 +622,8 @@ def run_train_data(args) -> None:
         shard_size=args.shard_size, max_prompt_len=args.max_prompt_len,
         max_new=args.max_new_tokens, batch_size=args.batch_size, sampler=sampler,
         samples=args.samples, sample_sampler=sample_sampler, seed=args.seed,
-        max_seqs=args.max_seqs, cache_dtype=jnp.dtype(target.dtype))
+        max_seqs=args.max_seqs, cache_dtype=jnp.dtype(target.dtype),
+        teacher_top_k=args.teacher_top_k)
     g = manifest["generation"]
     rate = f"{g['tokens_per_s']:,.0f}" if g["tokens_per_s"] else "n/a"
     print(f"wrote {manifest['num_seqs']} sequences, {manifest['num_tokens']} tokens "
@@ -633,7 +639,7 @@ TRAIN_DEFAULTS = dict(head="jetspec", head_layers=5, block_size=16, num_taps=5, 
                       ckpt_every=200, log_every=10, eval_every=200, eval_batches=4,
                       tau_prompts=4, tau_max_new=64, tree_budget=64, start_step=None, seed=0,
                       lr=6e-4, gamma=7.0, depth1_weight=None, peak_flops=7.9e14,
-                      prefix_fill=0.0)
+                      prefix_fill=0.0, draft_vocab=None, teacher_top_k=32)
 
 
 def _train_draft_parser(sub) -> None:
@@ -678,6 +684,13 @@ def _train_draft_parser(sub) -> None:
                    help="loss weight of depth 1 instead of 1 (default: %(default)s)")
     p.add_argument("--norm-from-target", action="store_true",
                    help="start a fresh head's final norm from the target's final norm")
+    p.add_argument("--draft-vocab", type=positive_int, default=d.draft_vocab, metavar="N",
+                   help="the head drafts only N token ids, the training answers' most frequent "
+                   "(kept from --init-head or the checkpoint when they have N): its LM head "
+                   "and loss cost N/V of the full vocabulary's (default: all V)")
+    p.add_argument("--teacher-top-k", type=positive_int, default=d.teacher_top_k, metavar="K",
+                   help="with --draft-vocab and data made without --teacher-top-k: the online "
+                   "teacher's K (default: %(default)s)")
     p.add_argument("--init-head", nargs="+", metavar="DIR_OR_FILES",
                    help="when OUT has no checkpoint: start from this head's weights (a head "
                    "directory, or the safetensors files of `convert --head --shard-mib`) with "

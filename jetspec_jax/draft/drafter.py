@@ -65,6 +65,8 @@ class BlockDrafter:
                                         depths=tree_spec.draft_depths(dcfg.depth),
                                         kernels=kernels)
         topk_lp, topk_tok = topk_from_logits(logits, tree_spec.draft_width)
+        if dcfg.draft_vocab is not None:  # columns of the draft vocabulary -> token ids
+            topk_tok = draft_head.vocab_ids(dcfg)[topk_tok]
         tree = build_trees(state.anchor, topk_lp, topk_tok, budget=tree_spec.budget,
                            method=tree_spec.method)
         return tree, cache

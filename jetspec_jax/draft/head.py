@@ -5,7 +5,10 @@ and RMS-normed. Block: [anchor, MASK x (B-1)] embedded with the target's embeddi
 draft layer takes queries from the normed block states and keys/values from
 [context ; block]; the same projected context feeds every layer. Inside the block slot i sees
 slots <= i (causal) or every slot (bidirectional, the DFlash baseline). The target's LM head
-turns block slots 1..B-1 into the draft distributions q_1..q_{B-1}.
+turns block slots 1..B-1 into the draft distributions q_1..q_{B-1}; a head with a draft
+vocabulary (`DraftConfig.draft_vocab`, the most frequent answer tokens) uses only those rows of
+it, so its logits cost a fraction of the full vocabulary's and its trees hold only those tokens.
+Verification stays over the full vocabulary, so decoding stays lossless.
 
 The context K/V of every draft layer is cached (a `KVCache`) and extended each round with the
 newly committed tokens' taps, so a round only projects the new tokens.
@@ -17,6 +20,7 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache, write_slots
@@ -46,6 +50,11 @@ class DraftConfig:
     mask_token_id: int | None = None  # None: the head owns a learned mask embedding
     causal: bool = True
     num_target_layers: int = 36
+    draft_vocab: tuple[int, ...] | None = None  # token ids the head drafts; None: all
+
+    def __post_init__(self):
+        if self.draft_vocab is not None:  # a tuple, so the config stays hashable (jit static)
+            object.__setattr__(self, "draft_vocab", tuple(int(i) for i in self.draft_vocab))
 
     @property
     def depth(self) -> int:
@@ -68,6 +77,13 @@ class DraftConfig:
                             f"of {tcfg.vocab_size}")
         if self.block_size < 2:
             problems.append(f"block size must be >= 2, got {self.block_size}")
+        if self.draft_vocab is not None:
+            ids = np.asarray(self.draft_vocab)
+            if not len(ids) or ids.min() < 0 or ids.max() >= tcfg.vocab_size:
+                problems.append(f"draft vocabulary ids must lie in the target vocab of "
+                                f"{tcfg.vocab_size} (got {len(ids)} ids)")
+            elif len(np.unique(ids)) != len(ids):
+                problems.append("draft vocabulary ids repeat")
         if problems:
             raise ValueError("draft head does not fit the target: " + "; ".join(problems))
 
@@ -85,7 +101,7 @@ class DraftConfig:
 
 
 def draft_config_for(tcfg: ModelConfig, *, num_layers=5, block_size=16, num_taps=5,
-                     mask_token_id=None, causal=True) -> DraftConfig:
+                     mask_token_id=None, causal=True, draft_vocab=None) -> DraftConfig:
     """A head shaped like the reference's: the target's width, heads and MLP, a few layers."""
     layers = tcfg.replace(name=f"{tcfg.name}-draft", num_layers=num_layers, qk_norm=True,
                           num_experts=0, experts_per_token=0, moe_intermediate_size=0,
@@ -94,7 +110,7 @@ def draft_config_for(tcfg: ModelConfig, *, num_layers=5, block_size=16, num_taps
     return DraftConfig(layers=layers, block_size=block_size,
                        tap_layers=default_tap_layers(tcfg.num_layers, num_taps),
                        mask_token_id=mask_token_id, causal=causal,
-                       num_target_layers=tcfg.num_layers)
+                       num_target_layers=tcfg.num_layers, draft_vocab=draft_vocab)
 
 
 def draft_specs(dcfg: DraftConfig) -> dict:
@@ -205,12 +221,28 @@ def draft_block(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: K
                 *, depths: int | None = None, kernels: Kernels = Kernels()):
     """One forward of the block [anchor, MASK...] against the cached context.
 
-    Returns draft logits [B, depths, V] for depths 1..depths (float32; default all blk-1).
-    The tree of a small budget cannot use the deep slots, and their LM head (a [V, D] matmul
-    per slot) is the costly part of the draft on a CPU."""
+    Returns draft logits [B, depths, V'] for depths 1..depths (float32; default all blk-1),
+    over the draft vocabulary when the head has one (V' = its size; `vocab_ids` maps them to
+    token ids). The tree of a small budget cannot use the deep slots, and their LM head (a
+    [V', D] matmul per slot) is the costly part of the draft on a CPU."""
     b, blk = anchor.shape[0], dcfg.block_size
     positions = cache.lengths[:, None] + jnp.arange(blk, dtype=jnp.int32)
     x = head_hidden(dparams, dcfg, cache, block_inputs(dparams, dcfg, tparams, anchor),
                     positions, block_mask(dcfg, b), kernels=kernels)
-    return target.lm_head(tparams, tcfg, x[:, 1:1 + (blk - 1 if depths is None else depths)],
-                          kernels)
+    return draft_logits(dcfg, tparams, tcfg,
+                        x[:, 1:1 + (blk - 1 if depths is None else depths)], kernels)
+
+
+def vocab_ids(dcfg: DraftConfig):
+    """The token id of each column of the head's logits: [V'] int32, or None (all V)."""
+    return None if dcfg.draft_vocab is None else jnp.asarray(dcfg.draft_vocab, jnp.int32)
+
+
+def draft_logits(dcfg: DraftConfig, tparams, tcfg: ModelConfig, hidden,
+                 kernels: Kernels = Kernels()):
+    """Final-normed head states [..., T, D] -> float32 logits [..., T, V'] through the target's
+    LM head, restricted to the draft vocabulary's rows when the head has one."""
+    ids = vocab_ids(dcfg)
+    if ids is None:
+        return target.lm_head(tparams, tcfg, hidden, kernels)
+    return target.lm_head_rows(tparams, tcfg, hidden, ids)

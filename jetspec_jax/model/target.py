@@ -32,6 +32,12 @@ def lm_head(params, cfg: ModelConfig, hidden, kernels: Kernels = XLA):
     return project("BTD,DV->BTV", hidden, params["lm_head"], kernels, jnp.float32)
 
 
+def lm_head_rows(params, cfg: ModelConfig, hidden, ids):
+    """hidden [..., D] -> float32 logits [..., len(ids)] of the vocabulary entries ids only."""
+    rows = params["embed"][ids] if cfg.tie_embeddings else params["lm_head"][:, ids].T
+    return jnp.einsum("...D,VD->...V", hidden, rows, preferred_element_type=jnp.float32)
+
+
 def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_start,
                     block_mask, kernels, fused: bool):
     """x [B, T, D] (already normed). Writes the new K/V at write_start and attends.

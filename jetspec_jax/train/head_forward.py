@@ -68,7 +68,8 @@ def head_context(dparams, dcfg: DraftConfig, taps):
 
 def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, tokens, anchors,
                 fill=None, *, ctx=None):
-    """Draft logits [B, A, blk-1, V] (float32) of the blocks anchored at anchors [B, A].
+    """Draft logits [B, A, blk-1, V'] (float32; V' the draft vocabulary's size, if the head
+    has one) of the blocks anchored at anchors [B, A].
 
     taps [B, T, k*D] are the target's tapped features of tokens [B, T]; slot d of the block
     at anchor a drafts the token at position a + d, exactly as `draft_block` would after
@@ -97,5 +98,5 @@ def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, to
 
         x, _ = draft_head.draft_layer(p, cfg, x, positions, attend)
     x = rms_norm(x, dparams["norm"], cfg.rms_norm_eps).reshape(b, a, blk, -1)
-    return target.lm_head(tparams, tcfg, x[:, :, 1:].reshape(b, a * (blk - 1), -1)).reshape(
-        b, a, blk - 1, -1)
+    slots = x[:, :, 1:].reshape(b, a * (blk - 1), -1)
+    return draft_head.draft_logits(dcfg, tparams, tcfg, slots).reshape(b, a, blk - 1, -1)

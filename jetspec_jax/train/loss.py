@@ -28,12 +28,27 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.train.eagle import EagleConfig, eagle_logits
 from jetspec_jax.model import target
 from jetspec_jax.train.head_forward import head_context, head_logits, sample_anchors, target_pass
+from jetspec_jax.train.teacher import top_k_teacher
 from jetspec_jax.train.prefix_fill import sample_fill, supervised
+
+
+TINY = 1e-12  # a floor under the probabilities whose logarithm the top-K KL takes
+
+
+def vocab_index(dcfg, vocab_size: int):
+    """[V] int32: the head's logit column of each token id, -1 outside its draft vocabulary;
+    None for a head over the whole vocabulary."""
+    ids = draft_head.vocab_ids(dcfg) if isinstance(dcfg, DraftConfig) else None
+    if ids is None:
+        return None
+    return jnp.full((vocab_size,), -1, jnp.int32).at[ids].set(
+        jnp.arange(ids.shape[0], dtype=jnp.int32))
 
 
 def depth_weights(depth: int, gamma: float | None, depth1_weight: float | None = None):
@@ -70,15 +85,33 @@ def slot_logp_kl(head, logp):
     return kl, jnp.argmax(head, axis=-1) == jnp.argmax(logp, axis=-1)
 
 
-def slot_topk_kl(head, top_logp, top_ids):
-    """As `slot_kl` with a top-K teacher top_logp, top_ids [..., K] (most likely first),
-    renormalised over its K tokens p_k against the head's full log-softmax q:
-    KL = sum_k p_k (log p_k - log q_k); hit is head argmax == top-1 id."""
-    logp = jax.nn.log_softmax(top_logp.astype(jnp.float32), axis=-1)
+def slot_topk_kl(head, top_logp, top_ids, vocab_index=None):
+    """As `slot_kl` with a top-K teacher top_logp, top_ids [..., K] (log-probabilities under the
+    target's full softmax, most likely first) and head logits [..., V'] over the head's
+    vocabulary: the KL between the two distributions coarsened to K + 1 outcomes, each of the
+    teacher's K tokens and "the rest" (its tail, and any of the K outside a draft vocabulary).
+    With K = V and no draft vocabulary it is the full KL. vocab_index [V] int32: the head's
+    column of each token id, -1 outside its draft vocabulary (None: every id is its column).
+    hit: the head's most likely token is the teacher's."""
     logq = jax.nn.log_softmax(head.astype(jnp.float32), axis=-1)
-    logq_k = jnp.take_along_axis(logq, top_ids, axis=-1)
-    kl = jnp.sum(jnp.exp(logp) * (logp - logq_k), axis=-1)
-    return kl, jnp.argmax(head, axis=-1) == top_ids[..., 0]
+    top_logp = top_logp.astype(jnp.float32)
+    cols = top_ids if vocab_index is None else vocab_index[top_ids]
+    inside = cols >= 0
+    logq_k = jnp.take_along_axis(logq, jnp.maximum(cols, 0), axis=-1)
+    p_k = jnp.where(inside, jnp.exp(top_logp), 0.0)
+    kl = jnp.sum(jnp.where(inside, p_k * (top_logp - logq_k), 0.0), axis=-1)
+    # The head's rest as a logsumexp over its other columns, not 1 - sum(q_k): that difference
+    # loses all precision as q_rest -> 0 and its gradient p_rest / q_rest explodes; this one's
+    # gradient stays bounded by p_rest. The teacher's rest is clipped (a top-K stored in
+    # reduced precision can sum past 1).
+    width = logq.shape[-1]
+    taken = jax.vmap(lambda c: jnp.zeros((width,), bool).at[c].set(True, mode="drop"))(
+        jnp.where(inside, cols, width).reshape(-1, cols.shape[-1])).reshape(logq.shape)
+    logq_rest = jax.nn.logsumexp(jnp.where(taken, -jnp.inf, logq), axis=-1)
+    p_rest = jnp.clip(1.0 - jnp.sum(p_k, axis=-1), 0.0, 1.0)
+    kl = kl + p_rest * (jnp.log(jnp.maximum(p_rest, TINY))
+                        - jnp.maximum(logq_rest, jnp.log(TINY)))
+    return kl, jnp.argmax(head, axis=-1) == cols[..., 0]  # -1 (outside) never hits
 
 
 def distill_loss(head, teacher, valid, gamma: float | None = None):
@@ -133,40 +166,52 @@ def _anchor_slots(key, batch, num_anchors: int, depth: int):
 
 
 def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig, batch, key,
-                    num_anchors: int):
+                    num_anchors: int, top_k: int | None = None):
     """The frozen target's part of a training step (no gradient flows into it), run online.
 
     batch: {"tokens" [B, T], "lengths" [B], "prompt_lengths" [B]}. -> dict with taps
-    [B, T, k*D], the teacher's log-probabilities at every position logp [B, T, V] (float32),
-    anchors [B, A], the teacher positions of their slots pos [B, A, blk-1] and valid
-    [B, A, blk-1]. logp is made once per position and gathered per anchor chunk in
-    `head_loss`: the slots repeat each position about A*(blk-1)/T times (8x at 256 anchors
-    over 448 tokens), and [B, A, blk-1, V] at once would dwarf the rest."""
+    [B, T, k*D], anchors [B, A], the teacher positions of their slots pos [B, A, blk-1], valid
+    [B, A, blk-1], and the teacher: its log-probabilities at every position logp [B, T, V]
+    (float32), or with top_k its K most likely tokens at the anchors' slots, as
+    `stored_teacher_outputs` gives them. logp is made once per position and gathered per anchor
+    chunk in `head_loss`: the slots repeat each position about A*(blk-1)/T times (8x at 256
+    anchors over 448 tokens), and [B, A, blk-1, V] at once would dwarf the rest."""
     hidden, taps = target_pass(tparams, tcfg, batch["tokens"], dcfg.tap_layers)
-    logp = jax.nn.log_softmax(target.lm_head(tparams, tcfg, hidden).astype(jnp.float32), -1)
+    logits = target.lm_head(tparams, tcfg, hidden)
     anchors, pos, valid = _anchor_slots(key, batch, num_anchors, dcfg.depth)
-    return jax.lax.stop_gradient({"taps": taps, "logp": logp, "anchors": anchors,
-                                  "pos": pos, "valid": valid})
+    out = {"taps": taps, "anchors": anchors, "pos": pos, "valid": valid}
+    if top_k is None:
+        out["logp"] = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    else:
+        top_logp, top_ids = top_k_teacher(logits, top_k)
+        out |= {"top_logp": at_positions(top_logp, pos), "top_ids": at_positions(top_ids, pos)}
+    return jax.lax.stop_gradient(out)
 
 
-def cached_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig, batch,
+def stored_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig, batch,
                            key, num_anchors: int):
-    """`teacher_outputs` from a feature cache (`features.py`) instead of the target: batch
-    also holds taps [B, T, k*D] and top_logp, top_ids [B, T, K]. The same key draws the same
-    anchors. -> dict with taps (in the target's dtype), anchors, valid and the top-K teacher
-    top_logp, top_ids [B, A, blk-1, K]."""
+    """`teacher_outputs` with a top-K teacher stored beside the tokens: batch also holds
+    top_logp, top_ids [B, T, K] (`data.make_dataset(teacher_top_k=K)` or a feature cache,
+    `features.py`) and, from a feature cache, taps [B, T, k*D]; without taps the target runs
+    for them (no LM head, and XLA drops the layers after the last tapped one). The same key draws the
+    same anchors. -> dict with taps (in the target's dtype), anchors, valid and the teacher
+    top_logp, top_ids [B, A, blk-1, K] at the anchors' slots."""
     anchors, pos, valid = _anchor_slots(key, batch, num_anchors, dcfg.depth)
+    if "taps" in batch:
+        taps = batch["taps"].astype(tparams["embed"].dtype)
+    else:
+        taps = target_pass(tparams, tcfg, batch["tokens"], dcfg.tap_layers)[1]
     return jax.lax.stop_gradient({
-        "taps": batch["taps"].astype(tparams["embed"].dtype), "anchors": anchors,
+        "taps": taps, "anchors": anchors, "valid": valid,
         "top_logp": at_positions(batch["top_logp"], pos),
-        "top_ids": at_positions(batch["top_ids"], pos), "valid": valid})
+        "top_ids": at_positions(batch["top_ids"], pos)})
 
 
 def head_loss(dparams, dcfg: DraftConfig | EagleConfig, tparams, tcfg: ModelConfig, tokens,
               teach, gamma: float | None = None, *, key=None, prefix_fill: float = 0.0,
               depth1_weight: float | None = None, anchor_chunk: int | None = None):
     """Loss and metrics of the head (parallel block or EAGLE chain) on the anchors chosen in
-    `teacher_outputs` (full teacher logits) or `cached_teacher_outputs` (top-K).
+    `teacher_outputs` (full teacher logits, or top-K) or `stored_teacher_outputs` (top-K).
 
     prefix_fill > 0 (block heads only): each block gets, with that probability, a prefix of
     true tokens drawn with key (`prefix_fill.py`); its filled slots leave the loss.
@@ -189,11 +234,15 @@ def head_loss(dparams, dcfg: DraftConfig | EagleConfig, tparams, tcfg: ModelConf
             dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anc,
             fl if prefix_fill > 0 else None, ctx=ctx)
     if "logp" in teach:
+        if isinstance(dcfg, DraftConfig) and dcfg.draft_vocab is not None:
+            raise ValueError("a head with a draft vocabulary trains on a top-K teacher: "
+                             "pass top_k to teacher_outputs")
         fn = lambda anc, fl, pos: slot_logp_kl(  # noqa: E731
             logits(anc, fl), at_positions(teach["logp"], pos))
         kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, fill, teach["pos"])
     else:
-        fn = lambda anc, fl, lp, ids: slot_topk_kl(logits(anc, fl), lp, ids)  # noqa: E731
+        index = vocab_index(dcfg, tcfg.vocab_size)
+        fn = lambda anc, fl, lp, ids: slot_topk_kl(logits(anc, fl), lp, ids, index)  # noqa: E731
         kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, fill, teach["top_logp"],
                                     teach["top_ids"])
     return _reduce(kl, hit, valid, depth_weights(kl.shape[2], gamma, depth1_weight))

@@ -2,8 +2,8 @@
 
 Counted as the step computes them: matmuls only (2 FLOPs a multiply-add), attention over every
 key it scores (the dense masked training attention, causal target attention in full). A step
-is the frozen target's forward over B x T tokens with its LM head at every position (none with
-a feature cache), and the head's forward and backward (3x its forward, the usual estimate;
+is the frozen target's forward over B x T tokens with its LM head at every position (no LM head
+with a stored top-K teacher, no target at all with a feature cache), and the head's forward and backward (3x its forward, the usual estimate;
 the recomputation of checkpointed anchor chunks is not model work and is not counted).
 
     flops = step_flops(tcfg, dcfg, batch=32, seq_len=448, anchors=256, anchor_chunk=32)
@@ -32,15 +32,19 @@ def layer_flops(cfg: ModelConfig, layer: int, tokens: int, keys: int) -> int:
 
 
 def step_flops(tcfg: ModelConfig, dcfg: DraftConfig, *, batch: int, seq_len: int, anchors: int,
-               anchor_chunk: int | None = None, cached: bool = False) -> dict[str, int]:
+               anchor_chunk: int | None = None, teacher: str = "online") -> dict[str, int]:
     """Model FLOPs of one training step of a block head: {"target", "head", "step"} where
-    target is the target's forward (0 when cached), head the head's forward and step =
+    target is the target's forward (teacher "online": every layer and the LM head; "stored":
+    the layers up to the last tap; "features": none), head the head's forward and step =
     target + 3 * head."""
     b, t, blk = batch, seq_len, dcfg.block_size
-    d, v = tcfg.hidden_size, tcfg.vocab_size
+    d = tcfg.hidden_size
+    v = tcfg.vocab_size if dcfg.draft_vocab is None else len(dcfg.draft_vocab)
     slots = b * anchors * (blk - 1)
-    target = 0 if cached else (sum(layer_flops(tcfg, i, b * t, t) for i in range(tcfg.num_layers))
-                               + 2 * b * t * d * v)  # the teacher's LM head
+    layers = {"online": tcfg.num_layers, "stored": max(dcfg.tap_layers) + 1, "features": 0}
+    target = sum(layer_flops(tcfg, i, b * t, t) for i in range(layers[teacher]))
+    if teacher == "online":
+        target += 2 * b * t * d * tcfg.vocab_size  # the teacher's LM head
     c = dcfg.layers
     q = b * anchors * blk
     chunk = min(anchor_chunk or anchors, anchors)
@@ -48,7 +52,7 @@ def step_flops(tcfg: ModelConfig, dcfg: DraftConfig, *, batch: int, seq_len: int
     for i in range(c.num_layers):
         head += 2 * b * t * d * c.head_dim * 2 * c.num_kv_heads  # context k, v
         head += layer_flops(c, i, q, t + chunk * blk)  # block queries: context + chunk slots
-    head += 2 * slots * d * v  # the LM head at the drafted slots
+    head += 2 * slots * d * v  # the LM head (its draft vocabulary's rows) at the drafted slots
     return {"target": target, "head": head, "step": target + 3 * head}
 
 

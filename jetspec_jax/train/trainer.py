@@ -7,11 +7,13 @@ The target is frozen: only the head's params get gradients (AdamW, linear warm-u
 decay, global-norm clipping). Batches come from a seeded sampler whose RNG state is saved with
 each checkpoint, and anchors from a key folded with the step, so a run resumed from its latest
 checkpoint continues exactly as an uninterrupted one (its metric log too, when ckpt_every is a
-multiple of log_every: a log window restarts at a resume). With `feature_dir` (a cache made by
+multiple of log_every: a log window restarts at a resume). Data made with a teacher top-K
+(`data.make_dataset(teacher_top_k=K)`) gives each step its teacher without the target's LM
+head (`loss.stored_teacher_outputs`); with `feature_dir` (a cache made by
 `features.cache_features` from data_dir, with the head's tap layers) a step does not run the
-target: taps and a top-K teacher come from the cache (`loss.cached_teacher_outputs`); held-out
-KL then uses `eval_feature_dir` when given (else the online target), and tau always runs the
-real target. Heads: "jetspec" (causal block),
+target at all: taps come from the cache too. Held-out KL uses `eval_feature_dir` when given,
+else the held-out data as it comes; tau always runs the real target. With `draft_vocab` the
+head drafts only the training answers' most frequent tokens (`choose_draft_vocab`). Heads: "jetspec" (causal block),
 "dflash" (bidirectional block, same architecture), "eagle" (`eagle.py`). `prefix_fill` > 0
 (block heads) gives that fraction of training blocks a true-token prefix (`prefix_fill.py`,
 for path-conditioned drafting); held-out KL always uses plain blocks. Without a checkpoint,
@@ -50,9 +52,9 @@ from jetspec_jax.io.shards import is_shard_export, read_shards, unflatten
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.params import check_params, init_params
 from jetspec_jax.train import eagle
-from jetspec_jax.train.data import DatasetError, load_shards
+from jetspec_jax.train.data import DatasetError, frequent_tokens, load_shards
 from jetspec_jax.train.features import load_features
-from jetspec_jax.train.loss import cached_teacher_outputs, head_loss, teacher_outputs
+from jetspec_jax.train.loss import head_loss, stored_teacher_outputs, teacher_outputs
 from jetspec_jax.train.state import restore_state, save_state, state_dirs
 from jetspec_jax.train.parallel import data_mesh, data_parallel, place
 from jetspec_jax.train.throughput import Throughput, step_flops
@@ -84,6 +86,10 @@ class TrainConfig:
     depth1_weight: float | None = None  # replaces depth 1's weight exp(0) = 1 (`loss.py`)
     norm_from_target: bool = False  # a fresh head's final norm starts as the target's
     prefix_fill: float = 0.0  # probability that a block gets a true-token prefix (block heads)
+    # the head drafts only this many token ids, the training answers' most frequent
+    # (`frequent_tokens`); kept from the checkpoint or init_head when they have one of this size
+    draft_vocab: int | None = None
+    teacher_top_k: int = 32  # an online teacher's K when the head has a draft vocabulary
     anchor_chunk: int | None = 32  # anchors per chunk of the loss (memory; must divide A)
     seed: int = 0
     # resuming from a head's weights alone (no checkpoint in out_dir): a fresh optimizer,
@@ -127,16 +133,23 @@ class TrainConfig:
             raise ValueError("eval_feature_dir needs feature_dir and eval_dir")
         if not 0.0 <= self.prefix_fill <= 1.0:
             raise ValueError(f"prefix_fill must be in [0, 1], got {self.prefix_fill}")
+        if self.draft_vocab is not None and (self.draft_vocab < 1 or self.head == "eagle"):
+            raise ValueError(f"draft_vocab must be >= 1 and needs a block head (jetspec or "
+                             f"dflash), got {self.draft_vocab} for {self.head!r}")
+        if self.teacher_top_k < 1:
+            raise ValueError(f"teacher_top_k must be >= 1, got {self.teacher_top_k}")
         if self.prefix_fill > 0 and self.head == "eagle":
             raise ValueError("prefix_fill needs a block head (jetspec or dflash); the eagle "
                              f"head drafts a chain, got prefix_fill={self.prefix_fill}")
 
-    def draft_config(self, tcfg: ModelConfig) -> DraftConfig | eagle.EagleConfig:
+    def draft_config(self, tcfg: ModelConfig,
+                     draft_vocab: tuple[int, ...] | None = None) -> DraftConfig | eagle.EagleConfig:
+        """The head this config trains; draft_vocab: its ids, when `self.draft_vocab` is set."""
         if self.head == "eagle":
             return eagle.eagle_config_for(tcfg, num_taps=self.num_taps, depth=self.block_size - 1)
         dcfg = draft_config_for(tcfg, num_layers=self.head_layers, block_size=self.block_size,
                                 num_taps=self.num_taps, mask_token_id=self.mask_token_id,
-                                causal=self.head == "jetspec")
+                                causal=self.head == "jetspec", draft_vocab=draft_vocab)
         dcfg.check_target(tcfg)
         return dcfg
 
@@ -200,15 +213,20 @@ def make_optimizer(cfg: TrainConfig, offset: int = 0):
 
 
 def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: DraftConfig | eagle.EagleConfig, tx,
-               cached: bool = False):
-    """Jitted (train_step, eval_step); only dparams is differentiated. cached: batches carry
-    cached taps and top-K teacher (`features.load_features`) and the target is not run.
+               stored: bool = False):
+    """Jitted (train_step, eval_step); only dparams is differentiated. stored: batches carry
+    a top-K teacher (`data.make_dataset(teacher_top_k=K)`, or a feature cache with the taps
+    too, `features.load_features`), so the target runs no LM head (no pass at all with taps).
     On a data mesh the inputs arrive placed (`place`) and jit partitions the step: the batch
     over "data", the gradients reduced across it, params and optimizer state replicated."""
-    teacher = cached_teacher_outputs if cached else teacher_outputs
+    top_k = (min(cfg.teacher_top_k, tcfg.vocab_size)
+             if getattr(dcfg, "draft_vocab", None) is not None else None)
 
     def loss_and_metrics(dparams, tparams, batch, key, prefix_fill=0.0):
-        teach = teacher(tparams, tcfg, dcfg, batch, key, cfg.num_anchors)
+        if stored:
+            teach = stored_teacher_outputs(tparams, tcfg, dcfg, batch, key, cfg.num_anchors)
+        else:
+            teach = teacher_outputs(tparams, tcfg, dcfg, batch, key, cfg.num_anchors, top_k)
         return head_loss(dparams, dcfg, tparams, tcfg, batch["tokens"], teach, cfg.gamma,
                          key=jax.random.fold_in(key, 1), prefix_fill=prefix_fill,
                          depth1_weight=cfg.depth1_weight, anchor_chunk=cfg.anchor_chunk)
@@ -289,12 +307,27 @@ def load_init_head(cfg: TrainConfig, dcfg, specs) -> tuple[dict, int | None]:
         params = unflatten(flat, specs, f"init_head {cfg.init_head}")
     else:  # a reference-format head
         (got, params), meta = read_any_draft(src), {}
-    if got.to_dict() != dcfg.to_dict():
-        diff = {k: v for k, v in got.to_dict().items() if dcfg.to_dict().get(k) != v}
+    mine, theirs = dcfg.to_dict(), got.to_dict()
+    diff = {k for k in mine.keys() | theirs.keys()
+            if k != "draft_vocab" and mine.get(k) != theirs.get(k)}  # the weights fit any
+    if diff:
         raise ValueError(f"init_head {cfg.init_head} is another head than this config makes "
                          f"(differs in {sorted(diff)})")
     check_params(params, specs, f"init_head {cfg.init_head}")
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), meta.get("steps")
+    return (jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), meta.get("steps"),
+            getattr(got, "draft_vocab", None))
+
+
+def choose_draft_vocab(cfg: TrainConfig, data, tcfg: ModelConfig,
+                       previous: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The head's draft vocabulary: None without cfg.draft_vocab; else the one the run already
+    has (previous, from its checkpoint or init_head) when of that size, so every stretch of a
+    long run drafts the same ids; else the training answers' most frequent tokens."""
+    if cfg.draft_vocab is None:
+        return None
+    if previous is not None and len(previous) == cfg.draft_vocab:
+        return tuple(previous)
+    return frequent_tokens(data, cfg.draft_vocab, tcfg.vocab_size, tcfg.eos_token_ids)
 
 
 def fresh_params(cfg: TrainConfig, specs, tparams) -> dict:
@@ -313,12 +346,12 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
     and the head so far is written, marked incomplete in its metadata. A checkpoint in out_dir
     wins over cfg.init_head (a rerun of the same command resumes from it)."""
     out = Path(cfg.out_dir)
-    dcfg = cfg.draft_config(tcfg)
+    dcfg = cfg.draft_config(tcfg)  # its draft vocabulary, if any, is chosen below
     specs = eagle.eagle_specs(dcfg) if cfg.head == "eagle" else draft_specs(dcfg)
     ckpts = state_dirs(out / "checkpoints")
-    init, start_step = None, cfg.start_step
+    init, start_step, previous_vocab = None, cfg.start_step, None
     if cfg.init_head and not ckpts:
-        init, trained = load_init_head(cfg, dcfg, specs)
+        init, trained, previous_vocab = load_init_head(cfg, dcfg, specs)
         if start_step is None:
             if trained is None:
                 raise ValueError(f"init_head {cfg.init_head} records no step count: give "
@@ -344,6 +377,9 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
     step, elapsed, offset = 0, 0.0, 0
     if ckpts:
         state, meta = restore_state(ckpts[-1], {"params": dparams, "opt_state": opt_state})
+        previous_vocab = meta["draft_config"].get("draft_vocab")
+    dcfg = cfg.draft_config(tcfg, choose_draft_vocab(cfg, data, tcfg, previous_vocab))
+    if ckpts:
         if meta["draft_config"] != json.loads(json.dumps(dcfg.to_dict())):
             raise ValueError(f"{ckpts[-1]} holds a head {meta['draft_config']}, not the one "
                              f"this config makes: use another out_dir")
@@ -357,9 +393,10 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
             sampler.next()
     tx, schedule = make_optimizer(cfg, offset)
     log = MetricLog(out / "metrics.jsonl", keep_until=step)
-    train_step, eval_step = make_steps(cfg, tcfg, dcfg, tx, cached=bool(cfg.feature_dir))
-    if cfg.feature_dir and not cfg.eval_feature_dir:
-        _, eval_step = make_steps(cfg, tcfg, dcfg, tx, cached=False)  # online held-out KL
+    stored = "top_ids" in data
+    train_step, eval_step = make_steps(cfg, tcfg, dcfg, tx, stored=stored)
+    if eval_data is not None and ("top_ids" in eval_data) != stored:  # held-out KL as it comes
+        _, eval_step = make_steps(cfg, tcfg, dcfg, tx, stored="top_ids" in eval_data)
     single_tparams = tparams
     dparams, opt_state, tparams = place(mesh, (dparams, opt_state, tparams))
     base_key = jax.random.key(cfg.seed + 1)
@@ -367,14 +404,16 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
     seq_len = data["tokens"].shape[1]
     flops = None if cfg.head == "eagle" else step_flops(
         tcfg, dcfg, batch=cfg.batch_size, seq_len=seq_len, anchors=cfg.num_anchors,
-        anchor_chunk=cfg.anchor_chunk, cached=bool(cfg.feature_dir))["step"]
+        anchor_chunk=cfg.anchor_chunk,
+        teacher="features" if "taps" in data else "stored" if stored else "online")["step"]
     speed = Throughput(cfg.batch_size * seq_len, flops,
                        cfg.peak_flops * (data_parallel(cfg.mesh) if cfg.mesh else 1))
     bar = tqdm(total=cfg.steps, initial=step, desc="train head", disable=not progress)
     deadline, out_of_time = (time.time() + time_limit if time_limit else None), False
     first = True
     while step < cfg.steps and not out_of_time and (stop_after is None or step < stop_after):
-        batch = place(mesh, {k: jnp.asarray(v[sampler.next()]) for k, v in data.items()}, True)
+        rows = sampler.next()  # one draw for every array: they describe the same sequences
+        batch = place(mesh, {k: jnp.asarray(v[rows]) for k, v in data.items()}, True)
         dparams, opt_state, m = train_step(dparams, opt_state, tparams, batch,
                                            jax.random.fold_in(base_key, step))
         step += 1

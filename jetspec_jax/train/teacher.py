@@ -1,0 +1,77 @@
+"""The target as teacher: its K most likely next tokens, computed once per position.
+
+A head is trained towards the target's next-token distribution at each drafted position. Kept
+whole, that is a [V] vector per slot, and its log-softmax over 49k-151k entries is most of a
+training step's memory traffic; its top K (32 keeps all but a few percent of the mass on
+self-distilled answers, see docs/training.md) is K log-probabilities and ids per position,
+small enough to store beside the tokens at data generation (`data.make_dataset`), so training
+runs no teacher LM head at all. The loss (`loss.slot_topk_kl`) compares head and teacher on
+those K tokens and the rest's mass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jetspec_jax.model import target
+from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.train.head_forward import target_pass
+
+
+def top_k_teacher(logits, top_k: int):
+    """logits [..., V] -> the K most likely tokens' log-probabilities (under the full softmax)
+    and ids [..., K] int32, most likely first: top_k of the logits minus their logsumexp (the
+    log-softmax's top-K without a second [..., V] array)."""
+    logits = logits.astype(jnp.float32)
+    top, ids = jax.lax.top_k(logits, top_k)
+    return top - jax.nn.logsumexp(logits, axis=-1, keepdims=True), ids.astype(jnp.int32)
+
+
+def length_batches(tokens: np.ndarray, lengths: np.ndarray, batch_size: int,
+                   bucket: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(rows, batch [batch_size, width]) over tokens [S, T] sorted by length, each width the
+    batch's longest row rounded up to a multiple of bucket: little compute on padding, one
+    compiled program per width (causal attention makes the padded run equal the unpadded)."""
+    n, t = tokens.shape
+    order = np.argsort(lengths, kind="stable")
+    for start in range(0, n, batch_size):
+        rows = order[start:start + batch_size]
+        width = min(-(-max(int(lengths[rows].max()), 1) // bucket) * bucket, t)
+        batch = np.zeros((batch_size, width), np.int32)
+        batch[:len(rows)] = tokens[rows, :width]
+        yield rows, batch
+
+
+def label_top_k(tparams, tcfg: ModelConfig, tokens: np.ndarray, lengths: np.ndarray,
+                top_k: int, *, batch_size: int = 32, bucket: int = 64,
+                dtype=np.float32) -> dict[str, np.ndarray]:
+    """The teacher-forced target over sequences tokens [S, T] of lengths [S] -> top_logp [S, T, K]
+    (dtype) and top_ids [S, T, K] int32: position t's K most likely next tokens (zeros past
+    each length)."""
+    if not 1 <= top_k <= tcfg.vocab_size:
+        raise ValueError(f"teacher top-K must be in [1, {tcfg.vocab_size}], got {top_k}")
+    n, t = tokens.shape
+    out = {"top_logp": np.zeros((n, t, top_k), dtype), "top_ids": np.zeros((n, t, top_k), np.int32)}
+    run = _top_k_program(tcfg, top_k)
+    for rows, batch in length_batches(tokens, lengths, batch_size, bucket):
+        logp, ids = jax.device_get(run(tparams, jnp.asarray(batch)))
+        for i, r in enumerate(rows):
+            m = int(lengths[r])
+            out["top_logp"][r, :m], out["top_ids"][r, :m] = logp[i, :m], ids[i, :m]
+    return out
+
+
+_PROGRAMS: dict = {}
+
+
+def _top_k_program(tcfg: ModelConfig, top_k: int):
+    if (tcfg, top_k) not in _PROGRAMS:
+        def run(tparams, tokens):
+            hidden, _ = target_pass(tparams, tcfg, tokens, ())
+            return top_k_teacher(target.lm_head(tparams, tcfg, hidden), top_k)
+        _PROGRAMS[tcfg, top_k] = jax.jit(run)
+    return _PROGRAMS[tcfg, top_k]
