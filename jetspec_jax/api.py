@@ -315,7 +315,7 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
 
     budget: tree nodes per round (None: `default_budget(draft)`), or "auto": each round picks its
     tree size from `auto_buckets()` by expected tokens per second (`adaptive_spec`);
-    draft_mode: "per_depth" or "path" (path-conditioned trees, docs/drafting_variants.md);
+    draft_mode: "per_depth" or "path" (path-conditioned trees, docs/experiments.md);
     chat: wrap text prompts in the chat template; stop_ids: None means the tokenizer's eos
     ids; attn_impl, matmul_impl: kernel names (`jetspec_jax.model.kernels`; "auto": the
     fastest measured for the model on this machine); compare_autoregressive: also time
