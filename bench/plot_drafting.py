@@ -1,9 +1,8 @@
 """Plot bench/bench_drafting.py results: per-depth vs path-conditioned vs adaptive drafting.
 
   python -m bench.plot_drafting \
-      bench/results/drafting/drafting_h200_batch16_prefix_fill_2026-11-30.json \
-      bench/results/drafting/drafting_cpu_batch16_prefix_fill_2026-11-30.json \
-      --labels "H200 batch 16" "CPU batch 16" --out docs/img/drafting_variants.png
+      bench/results/drafting/drafting_h200_batch16_shipped_2026-11-30.json \
+      --labels "H200 batch 16" --out drafting.png
 
 Left: tau against the time one decoding-loop iteration takes (every sequence of the batch runs
 one round), so modes compare at equal time per round: at the same x, higher is better. Right:

@@ -1,9 +1,8 @@
 """Plot bench/compare_heads.py results: tau and speedup over autoregressive decoding vs tree budget.
 
-  python -m bench.plot_heads bench/results/heads/heads_cpu_2026-11-29.json \
-      bench/results/heads/heads_cpu_t1_2026-11-29.json \
-      bench/results/heads/heads_h200_2026-11-30.json \
-      --labels "CPU greedy" "CPU T=1" "H200 greedy" --out docs/img/heads_tau_speedup.png
+  python -m bench.plot_heads bench/results/heads/heads_h200_bf16_scratch_700steps_2026-12-03.json \
+      bench/results/heads/heads_cpu_f32_b1_scratch_700steps_2026-12-03.json \
+      --labels "H200, batch 555" "CPU, batch 1" --out heads.png
 
 Left: tau (tokens committed per round) pooled over benchmarks; right: wall-clock speedup over AR.
 Colour = head, line style/marker = result file; open markers = fewer benchmarks pooled than the

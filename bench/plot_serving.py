@@ -1,9 +1,9 @@
 """Plot bench/serve_load.py results: per-token latency, request latency and tokens/s against
 concurrency, one line per (result file, mode).
 
-  python -m bench.plot_serving bench/results/serving/smollm2_h200_bf16_2026-12-01.json \
-      bench/results/serving/smollm2_h200_bf16_chunk4_2026-12-02.json \
-      --labels "--chunk 1" "--chunk 4" --out docs/img/serving_h200.png
+  python -m bench.plot_serving \
+      bench/results/serving/smollm2_h200_bf16_capacity_chunk4_2026-12-02.json \
+      --labels "H200, bfloat16, C requests in flight" --out docs/img/serving_h200.png
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Plot training logs (`metrics.jsonl` of `jetspec train-draft`): held-out tau and per-depth KL
 against steps, the training loss beside them.
 
-  python -m bench.plot_training \
-      bench/results/training/train_smollm2_3layer_256anchors_h200_2026-12-01.jsonl \
-      bench/results/training/train_smollm2_3layer_256anchors_from445_h200_2026-12-02.jsonl \
-      bench/results/training/train_smollm2_3layer_256anchors_from2077_h200_2026-12-02.jsonl \
-      bench/results/training/train_smollm2_3layer_256anchors_from3625_h200_2026-12-02.jsonl \
-      --labels "first run" "resumed from step 445" "resumed from step 2,077 (new samples)" \
-          "from step 3,625, every prompt, a new schedule" --step-offsets 0 0 0 3625 \
-      --out docs/img/training_curves.png
+  python -m bench.plot_training runs/head/metrics.jsonl --labels "my head" --out curves.png
 
-The fine-tunes on prompts of the benchmarks' kinds (training records, each with its log):
+The shipped head's last run (a training record, with its log):
 
   python -m bench.plot_training \
-      bench/results/training/finetune_5595_to_6795_competition_stubs_h200_2026-12-03.json \
       bench/results/training/finetune_6795_to_8795_more_prompts_h200_2026-12-03.json \
-      --labels "from step 5,595: competition problems and stubs" \
-          "from step 6,795: more of those" --step-offsets 5595 6795 \
+      --labels "from step 6,795 to the shipped 8,795" --step-offsets 6795 \
       --out docs/img/finetune_curves.png
 
 --step-offsets: added to each log's steps (a run that started its own step count from a

@@ -7,9 +7,8 @@ with our heads) or from the paper (Qwen3-8B at budget 256 only). Only round/AR i
 for the timed model; every speedup in the table is a projection, and the table says so.
 
   python -m bench.project_speedup \
-      --rounds bench/results/speculative/speculative_round_sorted_tree_h200_2026-11-30.json \
-      --heads bench/results/heads/heads_h200_2026-11-30.json \
-      bench/results/heads/heads_cpu_2026-11-29.json
+      --rounds bench/results/speculative/speculative_round_layout_fused_h200_2026-11-30.json \
+      --heads bench/results/heads/heads_h200_bf16_scratch_700steps_2026-12-03.json
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Python API behind the CLI and the notebooks: load a target and a draft head
-(`loading.py`, re-exported here), generate (speculative, or autoregressive without a head)
+(`io/load.py`, re-exported here), generate (speculative, or autoregressive without a head)
 with timings and acceptance statistics (`results.GenerationResult`), stream the same tokens
 as they are committed (`stream`), and sweep tree budgets against autoregressive decoding.
 
@@ -76,8 +76,8 @@ def auto_buckets() -> tuple[int, ...]:
 def default_budget(draft: Draft | None = None) -> int:
     """Tree nodes per round: the budget measured fastest with this head on this kind of machine
     (`Draft.best_budget`, from its model card's evaluation: "h200" stands for any GPU), else
-    64 on a GPU, which verifies 64 nodes for little more than the cost of 16 (Qwen3-8B on the
-    H200: a budget-64 round costs 1.59 AR steps, budget 16 1.36), and 4 on a CPU, where
+    64 on a GPU, which verifies 64 nodes for little more than the cost of 16
+    (docs/benchmarks.md, "Speculative rounds"), and 4 on a CPU, where
     verifying costs nearly linearly in nodes."""
     gpu = jax.default_backend() == "gpu"
     measured = (draft.best_budget if draft is not None else {}).get("h200" if gpu else "cpu")
@@ -315,7 +315,7 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
 
     budget: tree nodes per round (None: `default_budget(draft)`), or "auto": each round picks its
     tree size from `auto_buckets()` by expected tokens per second (`adaptive_spec`);
-    draft_mode: "per_depth" or "path" (path-conditioned trees, docs/drafting_variants.md);
+    draft_mode: "per_depth" or "path" (path-conditioned trees, docs/experiments.md);
     chat: wrap text prompts in the chat template; stop_ids: None means the tokenizer's eos
     ids; attn_impl, matmul_impl: kernel names (`jetspec_jax.model.kernels`; "auto": the
     fastest measured for the model on this machine); compare_autoregressive: also time

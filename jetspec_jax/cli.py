@@ -253,7 +253,7 @@ def _model_flags(p, *, without_head: str) -> None:
     p.add_argument("--draft-mode", choices=options.DRAFT_MODES, default="per_depth",
                    help="per_depth: the tree from the head's per-depth guesses; path: then "
                    "re-grown from a second head pass conditioned on each node's own path "
-                   "(docs/drafting_variants.md) (default: %(default)s)")
+                   "(docs/experiments.md) (default: %(default)s)")
     p.add_argument("--attn-impl", default="auto", metavar="|".join(options.ATTN_IMPLS),
                    help="attention kernel: auto is fused_decode on a GPU (one-token steps in "
                    "one kernel: q/k norm, RoPE, cache write and attention; the rest through "

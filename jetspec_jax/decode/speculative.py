@@ -4,8 +4,8 @@ of rounds that a host loop streams (`spec_start`, `spec_continue`).
 
 One round serves every drafter (`draft/drafter.py`: the block head, JetSpec or DFlash, and
 the EAGLE-style head), picked by the head's config. Two drafting variants hook in here
-(docs/drafting_variants.md): `TreeSpec.draft_mode="path"` refines each round's tree with a
-path-conditioned head pass (`path_draft.py`), and `TreeSpec.buckets` picks each round's tree
+(docs/experiments.md): `TreeSpec.draft_mode="path"` refines each round's tree with a
+path-conditioned head pass (`draft/path.py`), and `TreeSpec.buckets` picks each round's tree
 size on device (`adaptive.py`)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class TreeSpec:
     """How each round's tree is drafted: `budget` nodes (root included), fan-out `width`.
 
     draft_mode: "per_depth" (the tree from the first pass's per-depth marginals) or "path"
-    (then re-grown from a path-conditioned pass, `path_draft.py`). buckets / bucket_costs:
+    (then re-grown from a path-conditioned pass, `draft/path.py`). buckets / bucket_costs:
     adaptive budget (`adaptive.py`): each round picks one of these tree sizes, costs in seconds
     per round; budget must then be the largest bucket (`jetspec_jax.costs.auto_tree_spec`
     builds it)."""

@@ -1,4 +1,4 @@
-"""Streamed generation: the decoding loops of `decode.py` and `speculative.py` run in chunks
+"""Streamed generation: the decoding loops of `autoregressive.py` and `speculative.py` run in chunks
 of a few steps or rounds, and the host reads the new tokens after each chunk. The chunks
 continue one state (donated, so the KV caches are updated in place), so the tokens are those
 of one whole loop. `api.stream` is the entry point."""

@@ -285,10 +285,9 @@ def _grow_batch(root_tokens, topk_logprobs, topk_tokens, caps, **static) -> Draf
 def _statics(budget: int, method: str, depth: int, width: int) -> dict:
     """Static arguments of _grow. The sorted builder runs min(D, pops) rounds (a chain: none)
     where the loop runs `pops` pops, each round sorting pops * K + 1 keys. On a GPU it is
-    faster everywhere measured (H200, batch 1 and 16, budgets 16-256: accum_logp up to 2.9x,
-    top2gap up to 12x, whose pops bound N - 1 makes the loop long; docs/benchmarks.md).
-    On the CPU a sort costs about 2.5 pops,
-    so there the loop serves top2gap and trees with pops <= D."""
+    the faster at every size measured, most for top2gap, whose pops bound N - 1 makes the loop
+    long (docs/benchmarks.md, tree building). On the CPU a sort costs a few pops, so there the
+    loop serves top2gap and trees with pops <= D."""
     pops = max_pops(budget, width, depth, method)
     fan = 1 if method == "chain" else width
     on_cpu = jax.default_backend() == "cpu"

@@ -68,7 +68,7 @@ def load_target(source: str | Path = DEFAULT_MODEL, *, dtype="float32",
     mesh: None (one device), a spec such as "tp=2" or a `Mesh`: the weights are sharded over
     it (`jetspec_jax.model.sharding`); our checkpoints are read straight into the shards.
     fuse: the fused weight layout (`jetspec_jax.model.layout`: q/k/v and gate/up each one matmul).
-    None: on one GPU, where it measured 6% faster per token; not with a mesh.
+    None: on one GPU, where it is faster per token (docs/benchmarks.md); not with a mesh.
     use_cache: convert an HF, GGUF or embedded source once into the user's cache
     (`jetspec_jax.io.cache`) and read that copy from then on; None: unless JETSPEC_NO_CACHE=1.
     JAX's compilation cache is switched on here too (unless JETSPEC_NO_COMPILE_CACHE=1)."""

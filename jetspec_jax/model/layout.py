@@ -3,8 +3,8 @@
 "separate" is the layout of `params.target_specs`: q, k, v, gate and up each a leaf. It is what
 checkpoints, conversion and sharding know. "fused" concatenates each layer's q, k, v into one
 "qkv" leaf [D, (N + 2K) H] and a dense MLP's gate and up into one "gate_up" leaf [D, 2F], so
-that a step streams each group in one larger matmul: on the H200 it took 6% off a Qwen3-8B
-token and 7% off a budget-256 round (docs/benchmarks.md, decode speed).
+that a step streams each group in one larger matmul, which is faster on one GPU
+(docs/benchmarks.md, "Decode speed").
 `io.load.load_target` fuses on one GPU; the model reads either layout.
 
 The layout is part of the weights' type: a plain dict is the separate layout, `FusedParams`
