@@ -1,6 +1,7 @@
 """The HTTP routes: /v1/completions, /v1/chat/completions (the tokenizer's chat template),
 /v1/models, /health, /metrics. Bodies are checked before anything is queued (HTTP 400 naming
-the field, 429 when the queue is full); generations stream as server-sent events in OpenAI's
+the field, 415 for a body that is not JSON, 429 when the queue is full); every error, whatever
+its status, is an OpenAI error object; generations stream as server-sent events in OpenAI's
 chunk format; a client that goes away mid-stream frees its slot."""
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ import json
 import threading
 import time
 
+import jinja2
+import pydantic
 import uvicorn
 from fastapi import FastAPI, Request as HTTPRequest
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from jetspec_jax.serve import protocol
 from jetspec_jax.serve.engine import Engine, QueueFull, Request
@@ -21,9 +24,12 @@ from jetspec_jax.io.tokenizer import TokenizerError
 
 
 class BadRequest(Exception):
-    def __init__(self, param: str | None, message: str, status: int = 400):
+    """Any error answer: its status, the field it names (param) and its message."""
+
+    def __init__(self, param: str | None, message: str, status: int = 400,
+                 headers: dict | None = None):
         super().__init__(message)
-        self.param, self.message, self.status = param, message, status
+        self.param, self.message, self.status, self.headers = param, message, status, headers
 
 
 class Text:
@@ -64,19 +70,7 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
     app = FastAPI(title="JetSpec", docs_url=None, redoc_url=None)
     tokenizer = engine.target.tokenizer
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_, exc: RequestValidationError):
-        err = exc.errors()[0]
-        if err.get("type") == "json_invalid":
-            return _error(BadRequest("body", f"malformed JSON: {err.get('msg', '')}"))
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        field = ".".join(loc) or "body"
-        msg = err.get("msg", "invalid value").removeprefix("Value error, ")
-        return _error(BadRequest(field, f"{field}: {msg}"))
-
-    @app.exception_handler(BadRequest)
-    async def bad(_, exc: BadRequest):
-        return _error(exc)
+    _answer_errors(app)
 
     @app.get("/health")
     async def health():
@@ -93,7 +87,8 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
                                                 owned_by="jetspec")]}
 
     @app.post("/v1/completions")
-    async def completions(body: protocol.CompletionRequest, http: HTTPRequest):
+    async def completions(http: HTTPRequest):
+        body = await _parse(http, protocol.CompletionRequest)
         _check_model(body.model)
         if isinstance(body.prompt, str):
             if tokenizer is None:
@@ -104,18 +99,20 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
         return await _generate(body, ids, body.max_tokens, chat=False, field="prompt")
 
     @app.post("/v1/chat/completions")
-    async def chat(body: protocol.ChatRequest, http: HTTPRequest):
+    async def chat(http: HTTPRequest):
+        body = await _parse(http, protocol.ChatRequest)
         _check_model(body.model)
         if tokenizer is None or not tokenizer.chat_template:
             raise BadRequest("messages", "messages: this model's tokenizer has no chat "
                              "template; use /v1/completions")
         try:
             ids = tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
-        except TokenizerError as e:
+        except (TokenizerError, jinja2.TemplateError) as e:
             raise BadRequest("messages", f"messages: {e}") from None
-        limit = body.max_completion_tokens or body.max_tokens
-        return await _generate(body, ids, limit or max(1, engine.max_len - len(ids)), chat=True,
-                               field="messages")
+        limit = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        return await _generate(body, ids, max_tokens or max(1, engine.max_len - len(ids)),
+                               chat=True, field="messages", limit=limit)
 
     def _check_model(name: str) -> None:
         if name != model_name:
@@ -123,9 +120,9 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
                              f"{model_name!r}")
 
     async def _generate(body: protocol.Sampling, ids: list[int], max_tokens: int, *, chat: bool,
-                        field: str):
+                        field: str, limit: str = "max_tokens"):
         try:
-            engine.check(ids, max_tokens, field)
+            engine.check(ids, max_tokens, field, limit, body.top_k)
         except ValueError as e:
             raise BadRequest(*e.args) from None
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
@@ -197,9 +194,54 @@ async def _pieces(request: Request, events: asyncio.Queue, text: Text):
             return
 
 
+async def _parse(http: HTTPRequest, model: type[pydantic.BaseModel]):
+    """The request's JSON body as `model`; BadRequest naming the field that is wrong."""
+    kind = http.headers.get("content-type")
+    if kind is not None and not _is_json(kind):
+        raise BadRequest(None, f"Content-Type {kind!r} is not supported; send the body as "
+                         "application/json", 415)
+    raw = await http.body()
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise BadRequest("body", f"malformed JSON: {e}") from None
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"]) or "body"
+        msg = err["msg"].removeprefix("Value error, ")
+        raise BadRequest(field, f"{field}: {msg}") from None
+
+
+def _is_json(content_type: str) -> bool:
+    kind = content_type.split(";")[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/")
+                                           and kind.endswith("+json"))
+
+
+def _answer_errors(app: FastAPI) -> None:
+    """Every error in OpenAI's format: BadRequest, Starlette's own (404 unknown path, 405 wrong
+    method) and anything unforeseen (500)."""
+
+    @app.exception_handler(BadRequest)
+    async def bad(_, exc: BadRequest):
+        return _error(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(http: HTTPRequest, exc: HTTPException):
+        return _error(BadRequest(None, f"{exc.detail}: {http.method} {http.url.path}",
+                                 exc.status_code, exc.headers))
+
+    @app.exception_handler(Exception)
+    async def unforeseen(_, exc: Exception):
+        return _error(BadRequest(None, f"internal error: {type(exc).__name__}", 500))
+
+
 def _error(exc: BadRequest) -> JSONResponse:
-    kind = {429: "rate_limit_error", 500: "server_error"}.get(exc.status, "invalid_request_error")
-    return JSONResponse(protocol.error(exc.message, exc.param, kind), exc.status)
+    kind = {429: "rate_limit_error"}.get(exc.status, "server_error" if exc.status >= 500
+                                         else "invalid_request_error")
+    return JSONResponse(protocol.error(exc.message, exc.param, kind), exc.status, exc.headers)
 
 
 class Server:

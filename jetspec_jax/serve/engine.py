@@ -96,6 +96,15 @@ class Request:
             self.cancel_reason = reason
 
 
+def _key(seed: int) -> jax.Array:
+    """A random key from a 64-bit signed seed, every seed its own stream (`jax.random.key`
+    keeps only the low 32 bits without x64): the high 32 bits are folded in when set, so seeds
+    below 2**32 give `jax.random.key(seed)`."""
+    seed %= 2**64
+    key = jax.random.key(seed % 2**32)
+    return jax.random.fold_in(key, seed >> 32) if seed >> 32 else key
+
+
 # ---- device programs -------------------------------------------------------------------------
 
 _STATIC = ("tcfg", "dcfg", "max_new", "stop_ids", "kernels")
@@ -195,19 +204,26 @@ class Engine:
 
     # ---- host side API (any thread) ----
 
-    def check(self, ids: list[int], max_tokens: int, field: str) -> None:
-        """Raises ValueError(field, message) if the request cannot fit a slot."""
+    def check(self, ids: list[int], max_tokens: int, field: str = "prompt",
+              limit: str = "max_tokens", top_k: int = 0) -> None:
+        """Raises ValueError(param, message) if the request cannot run in a slot: `field` names
+        the prompt, `limit` the generated-token limit."""
         if not ids:
             raise ValueError(field, f"{field} is empty")
+        if max_tokens > self.max_len - 1:
+            raise ValueError(limit, f"{limit}={max_tokens} leaves no room for a prompt in the "
+                             f"context limit of {self.max_len} tokens (at most "
+                             f"{self.max_len - 1})")
         if len(ids) + max_tokens > self.max_len:
-            raise ValueError(field, f"{field} has {len(ids)} tokens; with max_tokens="
+            raise ValueError(field, f"{field} has {len(ids)} tokens; with {limit}="
                              f"{max_tokens} that exceeds the context limit of {self.max_len} "
-                             f"tokens (at most {max(0, self.max_len - max_tokens)} prompt "
-                             "tokens fit)")
+                             f"tokens (at most {self.max_len - max_tokens} prompt tokens fit)")
         vocab = self.target.cfg.vocab_size
         if bad := [t for t in ids if not 0 <= t < vocab]:
             raise ValueError(field, f"{field} has token ids {bad[:5]} outside the vocab of "
                              f"{vocab}")
+        if top_k > vocab:
+            raise ValueError("top_k", f"top_k={top_k} exceeds the vocab of {vocab}")
 
     def submit(self, request: Request) -> None:
         with self.wake:
@@ -302,11 +318,11 @@ class Engine:
         prompt[0, :len(r.ids)] = r.ids
         for k, v in (("temperature", r.temperature), ("top_k", r.top_k), ("top_p", r.top_p)):
             self.rows[k][slot] = v
-        seed = r.seed if r.seed is not None else int.from_bytes(os.urandom(4), "little")
+        seed = r.seed if r.seed is not None else int.from_bytes(os.urandom(8), "little")
         rows = RowSampler(**{k: jnp.asarray(v[slot:slot + 1]) for k, v in self.rows.items()})
         self.state = _insert(self.tparams, self.dparams, self.state, jnp.int32(slot),
                              jnp.asarray(prompt), jnp.asarray([len(r.ids)], jnp.int32),
-                             jax.random.key(seed)[None], rows, **self.loop, **self.start_static)
+                             _key(seed)[None], rows, **self.loop, **self.start_static)
 
     def _step(self) -> None:
         n = len(self.slots)

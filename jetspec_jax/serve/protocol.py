@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for completions
+SEED_BOUND = 2**63  # seeds are 64-bit signed integers, what a random key is made from
 
 
 class Sampling(BaseModel):
@@ -23,7 +25,7 @@ class Sampling(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)  # -1 or 0: off
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-SEED_BOUND, lt=SEED_BOUND)
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
     return_token_ids: bool = False  # an extension: the generated ids beside the text
@@ -45,7 +47,12 @@ class Sampling(BaseModel):
 
 class CompletionRequest(Sampling):
     prompt: str | list[int] | list[str]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: int = Field(COMPLETION_MAX_TOKENS, ge=1)
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _default_limit(cls, v):
+        return COMPLETION_MAX_TOKENS if v is None else v
 
     @field_validator("prompt")
     @classmethod
@@ -64,6 +71,24 @@ class Message(BaseModel):
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, v):
+        """A list of content parts (what OpenAI clients send for multi-part messages) -> their
+        texts joined by newlines; parts other than text are refused by type."""
+        return "\n".join(map(_part_text, v)) if isinstance(v, list) else v
+
+
+def _part_text(part) -> str:
+    if not isinstance(part, dict):
+        raise ValueError("each content part must be an object with a 'type'")
+    if part.get("type") != "text":
+        raise ValueError(f"content parts of type {part.get('type')!r} are not supported; "
+                         "only 'text'")
+    if not isinstance(part.get("text"), str):
+        raise ValueError("a text part needs 'text', a string")
+    return part["text"]
 
 
 class ChatRequest(Sampling):
@@ -116,5 +141,6 @@ def chunk(rid: str, model: str, chat: bool, text: str | None, finish: str | None
     return out
 
 
-def error(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    return {"error": dict(message=message, type=kind, param=param, code=None)}
+def error(message: str, param: str | None = None, kind: str = "invalid_request_error",
+          code: str | None = None) -> dict:
+    return {"error": dict(message=message, type=kind, param=param, code=code)}

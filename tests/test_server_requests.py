@@ -1,0 +1,192 @@
+"""What the server makes of bad and hostile requests, against servers started here on
+127.0.0.1 with a tiny random model: every field checked to its real range before anything
+reaches the device (HTTP 400 naming the field), every error of any status an OpenAI error
+object, generated bodies never answered with a 5xx; content as text parts."""
+
+import json
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, event, given, settings, strategies as st
+
+from helpers import tiny_head, tiny_target
+from jetspec_jax.io.load import Draft, Target
+from jetspec_jax.serve import protocol
+from jetspec_jax.serve.app import Server
+from jetspec_jax.serve.engine import Engine, EngineConfig
+from test_api_cli import VOCAB, word_tokenizer
+
+NAME = "tiny-chat"
+MAX_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def models():
+    tcfg, tparams = tiny_target("dense", seed=5, vocab=VOCAB)
+    dcfg, dparams = tiny_head(tcfg, seed=6, block_size=5)
+    return Target(tcfg, tparams, word_tokenizer(), NAME), Draft(dcfg, dparams)
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    config = EngineConfig(max_batch=4, slot_buckets=(4,), max_len=MAX_LEN, budget=8,
+                          max_queue=32)
+    server = Server(Engine(*models, config), NAME).start()
+    yield server
+    server.stop()
+
+
+def post(server, path, body, **kw):
+    return httpx.post(server.url + path, json=body, timeout=60, **kw)
+
+
+def error_of(r: httpx.Response) -> dict:
+    """The OpenAI error object of a response, checked for its four keys."""
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    return error
+
+
+def chat_body(content, **kw):
+    return dict(model=NAME, messages=[{"role": "user", "content": content}], **kw)
+
+
+@pytest.mark.parametrize("path, body, param, words", [
+    ("/v1/completions", dict(prompt=[1], top_k=10**12), "top_k", "exceeds the vocab of 32"),
+    ("/v1/completions", dict(prompt=[1], top_k=VOCAB + 1), "top_k", "exceeds the vocab"),
+    ("/v1/completions", dict(prompt=[1], seed=2**70), "seed", "less than 9223372036854775808"),
+    ("/v1/completions", dict(prompt=[1], seed=-2**63 - 1), "seed", "greater than or equal"),
+    ("/v1/completions", dict(prompt=[1], max_tokens=10**9), "max_tokens", "context limit of 64"),
+    ("/v1/completions", dict(prompt=[1], max_tokens=MAX_LEN), "max_tokens", "at most 63"),
+    ("/v1/completions", dict(prompt=[2**40, 1]), "prompt", "outside the vocab"),
+    ("/v1/completions", dict(prompt=[-2**40]), "prompt", "outside the vocab"),
+    ("/v1/completions", dict(prompt=[1], max_tokens=None, n=2), "n", "less than or equal to 1"),
+    ("/v1/chat/completions", chat_body("w1", max_tokens=10**9), "max_tokens", "context limit"),
+    ("/v1/chat/completions", chat_body("w1", max_completion_tokens=10**9),
+     "max_completion_tokens", "context limit"),
+    ("/v1/chat/completions", chat_body([{"type": "image_url", "image_url": {"url": "x"}}]),
+     "messages.0.content", "type 'image_url' are not supported"),
+    ("/v1/chat/completions", chat_body([{"type": "text"}]), "messages.0.content",
+     "needs 'text'"),
+    ("/v1/chat/completions", chat_body(5), "messages.0.content", "valid string"),
+    ("/v1/chat/completions", [1, 2], "body", "valid dictionary"),
+])
+def test_each_field_is_checked_to_its_real_range(server, path, body, param, words):
+    if isinstance(body, dict):
+        body.setdefault("model", NAME)
+    r = post(server, path, body)
+    assert r.status_code == 400, r.text
+    error = error_of(r)
+    assert error["param"] == param and words in error["message"], error
+    assert error["type"] == "invalid_request_error"
+
+
+def test_the_largest_seed_and_top_k_in_range_decode(server):
+    for seed in (2**63 - 1, -2**63, 2**32):
+        r = post(server, "/v1/completions", dict(model=NAME, prompt=[1, 2], max_tokens=3,
+                                                 seed=seed, top_k=VOCAB))
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
+
+
+def test_seeds_past_32_bits_draw_their_own_streams(server):
+    def sample(seed):
+        body = dict(model=NAME, prompt=[3], max_tokens=24, seed=seed, temperature=2.0,
+                    return_token_ids=True)
+        return post(server, "/v1/completions", body).json()["choices"][0]["token_ids"]
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(7 + 2**32) != sample(7 - 2**32)
+
+
+def test_unknown_paths_and_wrong_methods_answer_openai_errors(server):
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and "/v1/nothing" in error_of(r)["message"]
+    r = httpx.get(server.url + "/v1/completions")
+    assert r.status_code == 405 and "GET /v1/completions" in error_of(r)["message"]
+    assert r.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize("kind", ["text/plain", "application/x-www-form-urlencoded",
+                                  "multipart/form-data; boundary=x"])
+def test_a_body_that_is_not_json_gets_415_naming_its_content_type(server, kind):
+    r = httpx.post(server.url + "/v1/completions", content=b'{"model": "tiny-chat"}',
+                   headers={"content-type": kind})
+    assert r.status_code == 415, r.text
+    assert repr(kind) in error_of(r)["message"] and "application/json" in error_of(r)["message"]
+
+
+def test_json_bodies_are_read_with_or_without_a_json_content_type(server):
+    body = b'{"model": "tiny-chat", "prompt": [1, 2], "max_tokens": 2}'
+    for headers in ({"content-type": "application/json; charset=utf-8"}, {}):
+        r = httpx.post(server.url + "/v1/completions", content=body, headers=headers)
+        assert r.status_code == 200, r.text
+
+
+def test_content_as_text_parts_equals_the_joined_text(server):
+    def ids(content):
+        r = post(server, "/v1/chat/completions", chat_body(
+            content, max_tokens=6, temperature=0, return_token_ids=True))
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"], r.json()["usage"]["prompt_tokens"]
+
+    parts = [{"type": "text", "text": "w1 w2"}, {"type": "text", "text": "w3"}]
+    assert ids(parts) == ids("w1 w2\nw3")
+    assert ids(parts)[1] == 5  # <user> w1 w2 w3 <bot>: each part's words reach the prompt
+
+
+# ---- generated bodies ------------------------------------------------------------------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                max_size=3),
+    max_leaves=6)
+BIG = st.sampled_from([0, -1, 1, 2, VOCAB, MAX_LEN, 2**31, 2**32, 2**63, 2**64, 10**30, -2**63])
+NUMBER = BIG | st.integers(-3, 80) | st.floats(-3, 3) | JSON
+IDS = st.lists(BIG | st.integers(0, VOCAB + 2), min_size=0, max_size=5)
+PART = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "x"]) | JSON},
+                             optional={"text": st.text(max_size=8) | JSON})
+CONTENT = st.text(max_size=12) | st.lists(PART, max_size=3) | JSON
+MESSAGE = st.fixed_dictionaries({}, optional={
+    "role": st.sampled_from(["user", "system", "assistant", "tool", "robot"]) | JSON,
+    "content": CONTENT})
+FIELDS = {
+    "model": st.sampled_from([NAME, "gpt-4"]) | JSON,
+    "prompt": IDS | st.text(max_size=12) | JSON,
+    "messages": st.lists(MESSAGE, max_size=3) | JSON, "max_tokens": NUMBER,
+    "max_completion_tokens": NUMBER, "temperature": NUMBER, "top_p": NUMBER, "top_k": NUMBER,
+    "seed": NUMBER, "stop": st.lists(st.text(max_size=3), max_size=5) | JSON, "n": NUMBER,
+    "stream": st.booleans() | JSON, "return_token_ids": st.booleans() | JSON,
+}
+VALID = {"/v1/completions": dict(model=NAME, prompt=[1, 2], max_tokens=4),
+         "/v1/chat/completions": chat_body("w1 w2", max_tokens=4)}
+REQUIRED = {path: {name for name, field in model.model_fields.items() if field.is_required()}
+            for path, model in (("/v1/completions", protocol.CompletionRequest),
+                                ("/v1/chat/completions", protocol.ChatRequest))}
+CHANGE = st.sampled_from(sorted(FIELDS)).flatmap(lambda k: st.tuples(st.just(k), FIELDS[k]))
+# a valid body with up to 3 fields set to generated values, or any JSON value
+REQUEST = st.sampled_from(sorted(VALID)).flatmap(lambda path: st.tuples(
+    st.just(path), st.lists(CHANGE, max_size=3).map(lambda c: {**VALID[path], **dict(c)})
+    | JSON))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(request=REQUEST)
+def test_generated_bodies_get_no_5xx_and_every_4xx_names_its_field(server, request):
+    path, body = request
+    with httpx.Client(timeout=60) as http:
+        # json.dumps writes NaN and Infinity, which Python's parser reads back
+        r = http.post(server.url + path, content=json.dumps(body),
+                      headers={"content-type": "application/json"})
+        text = r.read().decode()
+    assert r.status_code < 500, text
+    event(f"HTTP {r.status_code}")  # --hypothesis-show-statistics: how many bodies were served
+    if r.status_code == 200:
+        assert "server_error" not in text, text
+        return
+    assert r.status_code == 400, text
+    param = error_of(r)["param"]
+    # a field of the body, or a required one it lacks
+    fields = set(body) | REQUIRED[path] if isinstance(body, dict) else set()
+    assert param == "body" or param.split(".")[0] in fields, (param, body)
