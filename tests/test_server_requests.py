@@ -1,9 +1,16 @@
 """What the server makes of bad and hostile requests, against servers started here on
 127.0.0.1 with a tiny random model: every field checked to its real range before anything
 reaches the device (HTTP 400 naming the field), every error of any status an OpenAI error
-object, generated bodies never answered with a 5xx; content as text parts."""
+object, generated bodies never answered with a 5xx; content as text parts; bodies past the size
+limit refused with 413 before they are read, prompts tokenized beside the event loop so
+/health keeps answering."""
 
+import concurrent.futures as futures
+import dataclasses
 import json
+import socket
+import threading
+import time
 
 import httpx
 import pytest
@@ -11,6 +18,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from helpers import tiny_head, tiny_target
 from jetspec_jax.io.load import Draft, Target
+from jetspec_jax.io.tokenizer import Tokenizer
 from jetspec_jax.serve import protocol
 from jetspec_jax.serve.app import Server
 from jetspec_jax.serve.engine import Engine, EngineConfig
@@ -190,3 +198,113 @@ def test_generated_bodies_get_no_5xx_and_every_4xx_names_its_field(server, reque
     # a field of the body, or a required one it lacks
     fields = set(body) | REQUIRED[path] if isinstance(body, dict) else set()
     assert param == "body" or param.split(".")[0] in fields, (param, body)
+
+
+# ---- body size and tokenization off the event loop -------------------------------------------
+
+EIGHT_MB = b'{"model": "tiny-chat", "prompt": "' + b"w1 " * ((8 << 20) // 3) + b'"}'
+
+
+class SlowTokenizer(Tokenizer):
+    """The word tokenizer, taking `delay` seconds a prompt: a long prompt stands in for it."""
+
+    delay = 0.5
+
+    def encode(self, text, add_special_tokens=True):
+        time.sleep(self.delay)
+        return super().encode(text, add_special_tokens)
+
+
+@pytest.fixture(scope="module")
+def slow_server(models):
+    target, draft = models
+    tok = target.tokenizer
+    slow = SlowTokenizer(tok.backend, chat_template=tok.chat_template,
+                         special_tokens=tok.special_tokens, eos_token_ids=tok.eos_token_ids)
+    config = EngineConfig(max_batch=4, slot_buckets=(4,), max_len=MAX_LEN, budget=8)
+    server = Server(Engine(dataclasses.replace(target, tokenizer=slow), draft, config),
+                    NAME).start()
+    yield server
+    server.stop()
+
+
+def raw_post(server, headers: dict, body: bytes) -> bytes:
+    """Sends headers and the first bytes of a body over a raw socket -> what the server answers
+    before the rest arrives."""
+    host, port = server.server.servers[0].sockets[0].getsockname()[:2]
+    with socket.create_connection((host, port), timeout=30) as sock:
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nhost: {host}\r\n{head}\r\n".encode()
+                     + body)
+        return sock.recv(65536)
+
+
+def test_an_oversized_body_is_refused_413_from_its_content_length_before_it_is_read(server):
+    answer = raw_post(server, {"content-type": "application/json",
+                               "content-length": len(EIGHT_MB)}, EIGHT_MB[:1000])
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert "limit of 1048576 bytes" in error["message"] and error["type"] == (
+        "invalid_request_error")
+
+
+def test_an_oversized_chunked_body_is_refused_413_while_it_is_read(server):
+    pieces = (EIGHT_MB[i:i + 65536] for i in range(0, len(EIGHT_MB), 65536))
+    r = httpx.post(server.url + "/v1/completions", content=pieces, timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "limit of 1048576" in error_of(r)["message"]
+    assert "transfer-encoding" in r.request.headers  # sent without a Content-Length
+
+
+def test_a_body_within_the_limit_is_read_and_the_limit_is_an_option(models, server):
+    words = b"w1 " * ((1 << 20) // 3 - 20)  # a body just under 1 MiB: read and tokenized
+    r = httpx.post(server.url + "/v1/completions", content=b'{"model": "tiny-chat", '
+                   b'"prompt": "' + words + b'"}', timeout=60)
+    assert r.status_code == 400 and "context limit" in error_of(r)["message"], r.text
+    config = EngineConfig(max_batch=1, max_len=MAX_LEN)
+    small = Server(Engine(models[0], None, config), NAME, max_body_bytes=100).start()
+    try:
+        body = dict(model=NAME, prompt=[1, 2], max_tokens=2)
+        assert post(small, "/v1/completions", body).status_code == 200
+        r = post(small, "/v1/completions", body | dict(stop=["x" * 100]))
+        assert r.status_code == 413 and "limit of 100 bytes" in error_of(r)["message"]
+    finally:
+        small.stop()
+
+
+def test_health_answers_while_8mb_bodies_are_refused_and_prompts_tokenized(slow_server):
+    """/health's latency under that load against its latency without it, in the same run (a
+    bound that holds on a busy machine): big bodies are refused before they are read, and
+    tokenizing (SlowTokenizer: 0.5 s a prompt) runs beside the event loop, not on it."""
+    def latencies(http, n=20):
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            assert http.get(slow_server.url + "/health").status_code == 200
+            out.append(time.perf_counter() - t)
+            time.sleep(0.02)
+        return sorted(out)
+
+    def load(stop: threading.Event):
+        pieces = [EIGHT_MB[i:i + 65536] for i in range(0, len(EIGHT_MB), 65536)]
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                for content in (EIGHT_MB, iter(pieces)):
+                    assert http.post(slow_server.url + "/v1/completions",
+                                     content=content).status_code == 413
+                r = http.post(slow_server.url + "/v1/completions", json=dict(
+                    model=NAME, prompt="w1 w2", max_tokens=2))
+                assert r.status_code == 200, r.text
+
+    with httpx.Client() as http, futures.ThreadPoolExecutor(2) as pool:
+        calm = latencies(http)
+        stop = threading.Event()
+        senders = [pool.submit(load, stop) for _ in range(2)]
+        time.sleep(0.3)
+        busy = latencies(http)
+        stop.set()
+        for sender in senders:
+            sender.result()
+    median = busy[len(busy) // 2]
+    assert median < max(0.05, 10 * calm[len(calm) // 2]), (calm, busy)
+    assert busy[-1] < 0.25 + 10 * calm[-1], (calm, busy)  # none waited for a 0.5 s prompt

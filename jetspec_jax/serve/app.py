@@ -11,6 +11,7 @@ import json
 import threading
 import time
 
+import anyio
 import jinja2
 import pydantic
 import uvicorn
@@ -18,7 +19,7 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from jetspec_jax.serve import protocol
+from jetspec_jax.serve import MAX_BODY_BYTES, protocol
 from jetspec_jax.serve.engine import Engine, QueueFull, Request
 from jetspec_jax.io.tokenizer import TokenizerError
 
@@ -66,7 +67,9 @@ class Text:
                     if text.endswith(s[:n])), default=0)
 
 
-def create_app(engine: Engine, model_name: str) -> FastAPI:
+def create_app(engine: Engine, model_name: str, *,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The routes over `engine`; request bodies past `max_body_bytes` are refused (413)."""
     app = FastAPI(title="JetSpec", docs_url=None, redoc_url=None)
     tokenizer = engine.target.tokenizer
 
@@ -88,31 +91,42 @@ def create_app(engine: Engine, model_name: str) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
-        body = await _parse(http, protocol.CompletionRequest)
-        _check_model(body.model)
-        if isinstance(body.prompt, str):
-            if tokenizer is None:
-                raise BadRequest("prompt", "prompt: this model has no tokenizer; pass token ids")
-            ids = tokenizer.encode(body.prompt)
-        else:
-            ids = [int(t) for t in body.prompt]
+        body, ids = await _prepare(http, completion_prompt)
         return await _generate(body, ids, body.max_tokens, chat=False, field="prompt")
 
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
-        body = await _parse(http, protocol.ChatRequest)
+        body, ids = await _prepare(http, chat_prompt)
+        limit = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        return await _generate(body, ids, max_tokens or max(1, engine.max_len - len(ids)),
+                               chat=True, field="messages", limit=limit)
+
+    async def _prepare(http: HTTPRequest, prompt):
+        """-> (body, prompt ids): the body read within the size limit, then parsed, checked
+        and tokenized by `prompt` in a worker thread, so large bodies stall no other client."""
+        raw = await _read(http, max_body_bytes)
+        return await anyio.to_thread.run_sync(prompt, raw)
+
+    def completion_prompt(raw: bytes) -> tuple[protocol.CompletionRequest, list[int]]:
+        body = _parse(raw, protocol.CompletionRequest)
+        _check_model(body.model)
+        if not isinstance(body.prompt, str):
+            return body, [int(t) for t in body.prompt]
+        if tokenizer is None:
+            raise BadRequest("prompt", "prompt: this model has no tokenizer; pass token ids")
+        return body, tokenizer.encode(body.prompt)
+
+    def chat_prompt(raw: bytes) -> tuple[protocol.ChatRequest, list[int]]:
+        body = _parse(raw, protocol.ChatRequest)
         _check_model(body.model)
         if tokenizer is None or not tokenizer.chat_template:
             raise BadRequest("messages", "messages: this model's tokenizer has no chat "
                              "template; use /v1/completions")
         try:
-            ids = tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
+            return body, tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
         except (TokenizerError, jinja2.TemplateError) as e:
             raise BadRequest("messages", f"messages: {e}") from None
-        limit = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        return await _generate(body, ids, max_tokens or max(1, engine.max_len - len(ids)),
-                               chat=True, field="messages", limit=limit)
 
     def _check_model(name: str) -> None:
         if name != model_name:
@@ -194,13 +208,30 @@ async def _pieces(request: Request, events: asyncio.Queue, text: Text):
             return
 
 
-async def _parse(http: HTTPRequest, model: type[pydantic.BaseModel]):
-    """The request's JSON body as `model`; BadRequest naming the field that is wrong."""
+async def _read(http: HTTPRequest, limit: int) -> bytes:
+    """The request's body; 415 unless it is JSON, 413 past `limit` bytes: from Content-Length
+    before anything is read, and while a chunked body is read."""
     kind = http.headers.get("content-type")
     if kind is not None and not _is_json(kind):
         raise BadRequest(None, f"Content-Type {kind!r} is not supported; send the body as "
                          "application/json", 415)
-    raw = await http.body()
+    size = http.headers.get("content-length", "")
+    if size.isdigit() and int(size) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for piece in http.stream():
+        body += piece
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _too_large(limit: int) -> BadRequest:
+    return BadRequest(None, f"the request body exceeds the server's limit of {limit} bytes", 413)
+
+
+def _parse(raw: bytes, model: type[pydantic.BaseModel]):
+    """The JSON body as `model`; BadRequest naming the field that is wrong."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as e:
@@ -246,12 +277,12 @@ def _error(exc: BadRequest) -> JSONResponse:
 
 class Server:
     """The app on uvicorn in a background thread (tests, benchmarks): start() returns once it
-    listens; stop() shuts it and the engine down."""
+    listens; stop() shuts it and the engine down. Options go to `create_app`."""
 
     def __init__(self, engine: Engine, model_name: str, host: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning"):
+                 log_level: str = "warning", **options):
         self.engine = engine
-        config = uvicorn.Config(create_app(engine, model_name), host=host, port=port,
+        config = uvicorn.Config(create_app(engine, model_name, **options), host=host, port=port,
                                 log_level=log_level, lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="jetspec-http", daemon=True)
@@ -278,10 +309,13 @@ class Server:
         self.engine.stop()
 
 
-def serve(engine: Engine, model_name: str, host: str, port: int, log_level: str = "info") -> None:
-    """Compiles the engine's programs, then serves until interrupted."""
+def serve(engine: Engine, model_name: str, host: str, port: int, log_level: str = "info",
+          **options) -> None:
+    """Compiles the engine's programs, then serves until interrupted. Options go to
+    `create_app`."""
     engine.start()
     try:
-        uvicorn.run(create_app(engine, model_name), host=host, port=port, log_level=log_level)
+        uvicorn.run(create_app(engine, model_name, **options), host=host, port=port,
+                    log_level=log_level)
     finally:
         engine.stop()
