@@ -308,3 +308,49 @@ def test_health_answers_while_8mb_bodies_are_refused_and_prompts_tokenized(slow_
     median = busy[len(busy) // 2]
     assert median < max(0.05, 10 * calm[len(calm) // 2]), (calm, busy)
     assert busy[-1] < 0.25 + 10 * calm[-1], (calm, busy)  # none waited for a 0.5 s prompt
+
+
+# ---- clients that leave ------------------------------------------------------------------------
+
+
+class SlowEngine(Engine):
+    """An engine whose device calls take `delay` seconds more: requests stay in their rows
+    long enough to be watched."""
+
+    delay = 0.2
+
+    def _run_round(self, active):
+        time.sleep(self.delay)
+        return super()._run_round(active)
+
+
+@pytest.fixture(scope="module")
+def slow_engine_server(models):
+    config = EngineConfig(max_batch=4, slot_buckets=(4,), max_len=MAX_LEN, budget=8, chunk=1,
+                          max_queue=32)
+    server = Server(SlowEngine(*models, config), NAME).start()
+    post(server, "/v1/completions", dict(model=NAME, prompt=[1], max_tokens=1))  # compiles
+    yield server
+    server.stop()
+
+
+def test_non_streaming_clients_that_time_out_free_their_rows_a_round_later(slow_engine_server):
+    server, engine = slow_engine_server, slow_engine_server.engine
+    before = engine.metrics.get("requests", outcome="cancelled")
+    body = dict(model=NAME, prompt=[1], max_tokens=MAX_LEN - 1, temperature=0)
+
+    def give_up(_):  # decoding all 24 takes 6 batches of at least 12 calls of 0.2 s each
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", json=body, timeout=1.0)
+        return time.monotonic()
+
+    with futures.ThreadPoolExecutor(24) as pool:
+        last = max(pool.map(give_up, range(24)))
+    while engine.slots or engine.queue:
+        assert time.monotonic() - last < 3 * SlowEngine.delay + 0.5, "rows still busy"
+        time.sleep(0.01)
+    deadline = time.monotonic() + 5
+    while engine.metrics.get("requests", outcome="cancelled") < before + 24:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert engine.metrics.get("generated_tokens") < 24 * (MAX_LEN - 1) / 4

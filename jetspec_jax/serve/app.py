@@ -2,7 +2,7 @@
 /v1/models, /health, /metrics. Bodies are checked before anything is queued (HTTP 400 naming
 the field, 415 for a body that is not JSON, 429 when the queue is full); every error, whatever
 its status, is an OpenAI error object; generations stream as server-sent events in OpenAI's
-chunk format; a client that goes away mid-stream frees its slot."""
+chunk format; a client that goes away, streamed or not, frees its slot."""
 
 from __future__ import annotations
 
@@ -92,15 +92,16 @@ def create_app(engine: Engine, model_name: str, *,
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest):
         body, ids = await _prepare(http, completion_prompt)
-        return await _generate(body, ids, body.max_tokens, chat=False, field="prompt")
+        return await _generate(http, body, ids, body.max_tokens, chat=False, field="prompt")
 
     @app.post("/v1/chat/completions")
     async def chat(http: HTTPRequest):
         body, ids = await _prepare(http, chat_prompt)
         limit = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
         max_tokens = body.max_completion_tokens or body.max_tokens
-        return await _generate(body, ids, max_tokens or max(1, engine.max_len - len(ids)),
-                               chat=True, field="messages", limit=limit)
+        return await _generate(http, body, ids,
+                               max_tokens or max(1, engine.max_len - len(ids)), chat=True,
+                               field="messages", limit=limit)
 
     async def _prepare(http: HTTPRequest, prompt):
         """-> (body, prompt ids): the body read within the size limit, then parsed, checked
@@ -133,8 +134,8 @@ def create_app(engine: Engine, model_name: str, *,
             raise BadRequest("model", f"model: unknown model {name!r}; this server serves "
                              f"{model_name!r}")
 
-    async def _generate(body: protocol.Sampling, ids: list[int], max_tokens: int, *, chat: bool,
-                        field: str, limit: str = "max_tokens"):
+    async def _generate(http: HTTPRequest, body: protocol.Sampling, ids: list[int],
+                        max_tokens: int, *, chat: bool, field: str, limit: str = "max_tokens"):
         try:
             engine.check(ids, max_tokens, field, limit, body.top_k)
         except ValueError as e:
@@ -155,6 +156,7 @@ def create_app(engine: Engine, model_name: str, *,
             return StreamingResponse(_sse(rid, body, chat, len(ids), request, pieces),
                                      media_type="text/event-stream")
         parts, finish = [], None
+        watch = asyncio.create_task(_cancel_when_gone(http, request))
         try:
             async for delta, _, finish in pieces:
                 parts.append(delta)
@@ -162,6 +164,7 @@ def create_app(engine: Engine, model_name: str, *,
             return _error(BadRequest(None, str(e), 500))
         finally:
             request.cancel()
+            watch.cancel()
         token_ids = text.ids if body.return_token_ids else None
         return protocol.completion(rid, model_name, chat, "".join(parts), finish,
                                    protocol.usage(len(ids), len(text.ids)), token_ids)
@@ -189,6 +192,14 @@ def create_app(engine: Engine, model_name: str, *,
         yield "data: [DONE]\n\n"
 
     return app
+
+
+async def _cancel_when_gone(http: HTTPRequest, request: Request) -> None:
+    """Cancels `request` when its client disconnects (its body is read, so the next message is
+    the disconnect): the engine frees its slot at the next round boundary, as for a stream."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+    request.cancel()
 
 
 async def _pieces(request: Request, events: asyncio.Queue, text: Text):
