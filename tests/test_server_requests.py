@@ -5,6 +5,7 @@ object, generated bodies never answered with a 5xx; content as text parts; bodie
 limit refused with 413 before they are read, prompts tokenized beside the event loop so
 /health keeps answering."""
 
+import collections
 import concurrent.futures as futures
 import dataclasses
 import json
@@ -23,6 +24,7 @@ from jetspec_jax.serve import protocol
 from jetspec_jax.serve.app import Server
 from jetspec_jax.serve.engine import Engine, EngineConfig
 from test_api_cli import VOCAB, word_tokenizer
+from test_server import metrics
 
 NAME = "tiny-chat"
 MAX_LEN = 64
@@ -354,3 +356,39 @@ def test_non_streaming_clients_that_time_out_free_their_rows_a_round_later(slow_
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert engine.metrics.get("generated_tokens") < 24 * (MAX_LEN - 1) / 4
+
+
+# ---- gauges ------------------------------------------------------------------------------------
+
+
+def test_gauges_count_the_rows_and_queue_in_use_while_requests_are_served(slow_engine_server):
+    """One request of one token joins and leaves within a device call; 6 at once fill the 4
+    rows and queue 2. The gauges read while that call runs."""
+    server = slow_engine_server
+    seen = collections.defaultdict(float)
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            for (name, _), value in metrics(server).items():
+                seen[name] = max(seen[name], value)
+
+    def ask(max_tokens):
+        r = post(server, "/v1/completions", dict(model=NAME, prompt=[1], max_tokens=max_tokens))
+        assert r.status_code == 200, r.text
+
+    with futures.ThreadPoolExecutor(7) as pool:
+        watcher = pool.submit(watch)
+        try:
+            ask(1)
+            alone = dict(seen)
+            list(pool.map(ask, [6] * 6))
+        finally:
+            stop.set()
+            watcher.result()
+    assert alone["jetspec_slots_active"] == 1, alone
+    assert seen["jetspec_slots_active"] == 4 and seen["jetspec_queue_depth"] >= 1, seen
+    assert seen["jetspec_round_tokens"] >= 1
+    after = metrics(server)
+    assert after[("jetspec_slots_active", ())] == after[("jetspec_queue_depth", ())] == 0
+    assert after[("jetspec_tau", ())] >= 1

@@ -281,6 +281,7 @@ class Engine:
                     break
             try:
                 self._admit()
+                self._gauge_slots()  # the rows this call decodes, while it runs
                 if self.slots:
                     self._step()
             except Exception as e:  # noqa: BLE001  a failed round fails its requests only
@@ -289,9 +290,12 @@ class Engine:
                     self._finish(r, None, f"decoding failed: {e}")
                 self.slots = []
                 self.state = self._empty_state()
-            self.metrics.set("slots_active", len(self.slots))
+            self._gauge_slots()
         for r in [*self.slots, *self.queue]:
             self._finish(r, None, "the server is shutting down")
+
+    def _gauge_slots(self) -> None:
+        self.metrics.set("slots_active", len(self.slots))
 
     def _admit(self) -> None:
         while len(self.slots) < self.config.max_batch:
@@ -329,6 +333,7 @@ class Engine:
         active = next(b for b in self.buckets if b >= n)
         self.state, view = self._run_round(active)
         tokens, nums, done, rounds, accepted = jax.device_get(view)
+        self._count_rounds(rounds[:n], accepted[:n])
         finished = []
         for i, r in enumerate(self.slots):
             end = min(int(nums[i]), r.max_tokens)
@@ -356,11 +361,18 @@ class Engine:
             self.slots[i] = self.slots[last]
             self.slots.pop()
 
+    def _count_rounds(self, rounds: np.ndarray, accepted: np.ndarray) -> None:
+        """Counts the rounds the last call ran for the active rows (per-row totals, against
+        what each row had) and the tokens they committed; sets that call's tokens per round."""
+        ran = int(rounds.sum()) - sum(r.rounds for r in self.slots)
+        committed = int(accepted.sum()) - sum(r.accepted for r in self.slots)
+        if ran:
+            self.metrics.count("rounds", ran)
+            self.metrics.count("accepted_tokens", committed)
+            self.metrics.set("round_tokens", committed / ran)
+
     def _finish(self, r: Request, reason: str | None, error: str | None) -> None:
         self.metrics.count("requests", outcome=reason or "error")
-        if self.draft is not None and r.rounds:
-            self.metrics.count("rounds", r.rounds)
-            self.metrics.count("accepted_tokens", r.accepted)
         try:
             r.on_event([], reason, error)
         except Exception:  # noqa: BLE001  a listener that has gone away
