@@ -29,7 +29,7 @@ from jetspec_jax import options
 from jetspec_jax.io import cache, sources
 from jetspec_jax.io.files import write_json
 from jetspec_jax.io.prompts import read_prompt_file
-from jetspec_jax.serve import MAX_BODY_BYTES
+from jetspec_jax.serve import API_KEY_VARIABLE, MAX_BODY_BYTES
 
 BUILTIN_PROMPT = "Explain in three sentences why the sky is blue."
 BENCH_PROMPTS = (
@@ -424,6 +424,10 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES, metavar="N",
                    help="a request body's size at most; larger ones get HTTP 413 (default: "
                    "%(default)s, 1 MiB)")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE), metavar="KEY",
+                   help="answer /v1 requests only with 'Authorization: Bearer KEY', others "
+                   f"get HTTP 401; /health and /metrics stay open (default: ${API_KEY_VARIABLE}, "
+                   "else none)")
     p.set_defaults(run=run_serve, check=check_serve, mesh=None, prompt=None, prompt_file=None)
 
 
@@ -446,7 +450,7 @@ def run_serve(args) -> None:
     name = args.served_model_name or target.name
     print(f"compiling the round programs for {args.max_batch} slots ...", file=sys.stderr)
     app.serve(engine.Engine(target, draft, config), name, args.host, args.port,
-              max_body_bytes=args.max_body_bytes)
+              max_body_bytes=args.max_body_bytes, api_key=args.api_key)
 
 
 def run_generate(args) -> None:

@@ -14,17 +14,19 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from helpers import tiny_head, tiny_target
+from jetspec_jax.cli import build_parser
 from jetspec_jax.io.load import Draft, Target
 from jetspec_jax.io.tokenizer import Tokenizer
 from jetspec_jax.serve import protocol
 from jetspec_jax.serve.app import Server
 from jetspec_jax.serve.engine import Engine, EngineConfig
 from test_api_cli import VOCAB, word_tokenizer
-from test_server import metrics
+from test_server import client, metrics
 
 NAME = "tiny-chat"
 MAX_LEN = 64
@@ -392,3 +394,46 @@ def test_gauges_count_the_rows_and_queue_in_use_while_requests_are_served(slow_e
     after = metrics(server)
     assert after[("jetspec_slots_active", ())] == after[("jetspec_queue_depth", ())] == 0
     assert after[("jetspec_tau", ())] >= 1
+
+
+# ---- API keys ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed_server(models):
+    config = EngineConfig(max_batch=1, max_len=MAX_LEN)
+    server = Server(Engine(models[0], None, config), NAME, api_key="sk-right").start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer sk-wrong"},
+                                     {"authorization": "Bearer sk-righ"},
+                                     {"authorization": "Basic sk-right"},
+                                     {"authorization": "sk-right"}])
+def test_requests_without_the_api_key_get_401(keyed_server, headers):
+    for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                         ("GET", "/v1/models")):
+        r = httpx.request(method, keyed_server.url + path, headers=headers,
+                          json=dict(model=NAME, prompt=[1], max_tokens=1))
+        assert r.status_code == 401, r.text
+        error = error_of(r)
+        assert error["code"] == "invalid_api_key" and "Bearer" in error["message"]
+        assert r.headers["www-authenticate"] == "Bearer"
+
+
+def test_the_api_key_admits_the_openai_client_and_probes_need_none(keyed_server):
+    with pytest.raises(openai.AuthenticationError):
+        client(keyed_server).models.list()
+    right = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="sk-right", max_retries=0)
+    assert right.completions.create(model=NAME, prompt=[1, 2], max_tokens=2).usage.total_tokens
+    assert httpx.get(keyed_server.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(keyed_server.url + "/metrics").status_code == 200
+
+
+def test_serve_reads_its_api_key_from_the_flag_or_the_environment(monkeypatch):
+    monkeypatch.setenv("JETSPEC_API_KEY", "sk-env")
+    assert build_parser().parse_args(["serve"]).api_key == "sk-env"
+    assert build_parser().parse_args(["serve", "--api-key", "sk-flag"]).api_key == "sk-flag"
+    monkeypatch.delenv("JETSPEC_API_KEY")
+    assert build_parser().parse_args(["serve"]).api_key is None

@@ -7,6 +7,7 @@ chunk format; a client that goes away, streamed or not, frees its slot."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import threading
 import time
@@ -15,7 +16,7 @@ import anyio
 import jinja2
 import pydantic
 import uvicorn
-from fastapi import FastAPI, Request as HTTPRequest
+from fastapi import APIRouter, Depends, FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -28,9 +29,10 @@ class BadRequest(Exception):
     """Any error answer: its status, the field it names (param) and its message."""
 
     def __init__(self, param: str | None, message: str, status: int = 400,
-                 headers: dict | None = None):
+                 headers: dict | None = None, code: str | None = None):
         super().__init__(message)
         self.param, self.message, self.status, self.headers = param, message, status, headers
+        self.code = code
 
 
 class Text:
@@ -67,10 +69,13 @@ class Text:
                     if text.endswith(s[:n])), default=0)
 
 
-def create_app(engine: Engine, model_name: str, *,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """The routes over `engine`; request bodies past `max_body_bytes` are refused (413)."""
+def create_app(engine: Engine, model_name: str, *, max_body_bytes: int = MAX_BODY_BYTES,
+               api_key: str | None = None) -> FastAPI:
+    """The routes over `engine`; request bodies past `max_body_bytes` are refused (413); with
+    `api_key`, the /v1 routes answer only `Authorization: Bearer <api_key>` (else 401), while
+    /health and /metrics stay open to probes."""
     app = FastAPI(title="JetSpec", docs_url=None, redoc_url=None)
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(_bearer(api_key))] if api_key else [])
     tokenizer = engine.target.tokenizer
 
     _answer_errors(app)
@@ -84,17 +89,17 @@ def create_app(engine: Engine, model_name: str, *,
     async def metrics():
         return PlainTextResponse(engine.metrics.text(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models")
+    @v1.get("/models")
     async def models():
         return {"object": "list", "data": [dict(id=model_name, object="model", created=0,
                                                 owned_by="jetspec")]}
 
-    @app.post("/v1/completions")
+    @v1.post("/completions")
     async def completions(http: HTTPRequest):
         body, ids = await _prepare(http, completion_prompt)
         return await _generate(http, body, ids, body.max_tokens, chat=False, field="prompt")
 
-    @app.post("/v1/chat/completions")
+    @v1.post("/chat/completions")
     async def chat(http: HTTPRequest):
         body, ids = await _prepare(http, chat_prompt)
         limit = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
@@ -191,7 +196,24 @@ def create_app(engine: Engine, model_name: str, *,
             request.cancel()  # no-op when finished; frees the slot of a client that left
         yield "data: [DONE]\n\n"
 
+    app.include_router(v1)
     return app
+
+
+def _bearer(api_key: str):
+    """A dependency that refuses (401) a request without `Authorization: Bearer <api_key>`;
+    the key is compared in constant time."""
+    expected = api_key.encode()
+
+    async def check(http: HTTPRequest) -> None:
+        scheme, _, given = http.headers.get("authorization", "").partition(" ")
+        if not (scheme.lower() == "bearer"
+                and hmac.compare_digest(given.strip().encode(), expected)):
+            raise BadRequest(None, "a valid API key is required: send the header "
+                             "'Authorization: Bearer <key>'", 401,
+                             {"WWW-Authenticate": "Bearer"}, code="invalid_api_key")
+
+    return check
 
 
 async def _cancel_when_gone(http: HTTPRequest, request: Request) -> None:
@@ -283,7 +305,8 @@ def _answer_errors(app: FastAPI) -> None:
 def _error(exc: BadRequest) -> JSONResponse:
     kind = {429: "rate_limit_error"}.get(exc.status, "server_error" if exc.status >= 500
                                          else "invalid_request_error")
-    return JSONResponse(protocol.error(exc.message, exc.param, kind), exc.status, exc.headers)
+    return JSONResponse(protocol.error(exc.message, exc.param, kind, exc.code), exc.status,
+                        exc.headers)
 
 
 class Server:
