@@ -36,7 +36,9 @@ MAX_LEN = 64
 def models():
     tcfg, tparams = tiny_target("dense", seed=5, vocab=VOCAB)
     dcfg, dparams = tiny_head(tcfg, seed=6, block_size=5)
-    return Target(tcfg, tparams, word_tokenizer(), NAME), Draft(dcfg, dparams)
+    tok = word_tokenizer()  # and a switch in its template, as Qwen3's
+    tok.chat_template += "{% if enable_thinking is defined and not enable_thinking %} w9{% endif %}"
+    return Target(tcfg, tparams, tok, NAME), Draft(dcfg, dparams)
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +172,8 @@ FIELDS = {
     "max_completion_tokens": NUMBER, "temperature": NUMBER, "top_p": NUMBER, "top_k": NUMBER,
     "seed": NUMBER, "stop": st.lists(st.text(max_size=3), max_size=5) | JSON, "n": NUMBER,
     "stream": st.booleans() | JSON, "return_token_ids": st.booleans() | JSON,
+    "chat_template_kwargs": st.dictionaries(
+        st.sampled_from(["enable_thinking", "messages", "self", "x"]), JSON, max_size=2) | JSON,
 }
 VALID = {"/v1/completions": dict(model=NAME, prompt=[1, 2], max_tokens=4),
          "/v1/chat/completions": chat_body("w1 w2", max_tokens=4)}
@@ -437,3 +441,33 @@ def test_serve_reads_its_api_key_from_the_flag_or_the_environment(monkeypatch):
     assert build_parser().parse_args(["serve", "--api-key", "sk-flag"]).api_key == "sk-flag"
     monkeypatch.delenv("JETSPEC_API_KEY")
     assert build_parser().parse_args(["serve"]).api_key is None
+
+
+# ---- what each response tells --------------------------------------------------------------
+
+
+def test_usage_carries_the_requests_rounds_and_tokens_per_round(server, keyed_server):
+    body = dict(model=NAME, prompt=[1, 2], max_tokens=12, temperature=0)
+    whole = post(server, "/v1/completions", body).json()["usage"]["speculative"]
+    assert whole["rounds"] >= 1 and 1 <= whole["tokens_per_round"] <= 6  # block size 5, + 1
+    with httpx.stream("POST", server.url + "/v1/completions", json=body | dict(stream=True),
+                      timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]
+    assert chunks[-1]["usage"]["speculative"] == whole  # greedy: the same rounds
+    autoregressive = post(keyed_server, "/v1/completions", body,
+                          headers={"authorization": "Bearer sk-right"}).json()["usage"]
+    assert "speculative" not in autoregressive
+
+
+def test_chat_template_kwargs_reach_the_template(server):
+    def prompt_tokens(**kw):
+        r = post(server, "/v1/chat/completions", chat_body("w1", max_tokens=1, **kw))
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    assert prompt_tokens() == prompt_tokens(chat_template_kwargs={"enable_thinking": True}) == 3
+    assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == 4
+    r = post(server, "/v1/chat/completions", chat_body(
+        "w1", chat_template_kwargs={"messages": []}))
+    assert r.status_code == 400 and error_of(r)["param"] == "chat_template_kwargs"

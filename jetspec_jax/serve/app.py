@@ -130,7 +130,8 @@ def create_app(engine: Engine, model_name: str, *, max_body_bytes: int = MAX_BOD
             raise BadRequest("messages", "messages: this model's tokenizer has no chat "
                              "template; use /v1/completions")
         try:
-            return body, tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
+            return body, tokenizer.apply_chat_template([m.model_dump() for m in body.messages],
+                                                       **body.chat_template_kwargs)
         except (TokenizerError, jinja2.TemplateError) as e:
             raise BadRequest("messages", f"messages: {e}") from None
 
@@ -172,7 +173,7 @@ def create_app(engine: Engine, model_name: str, *, max_body_bytes: int = MAX_BOD
             watch.cancel()
         token_ids = text.ids if body.return_token_ids else None
         return protocol.completion(rid, model_name, chat, "".join(parts), finish,
-                                   protocol.usage(len(ids), len(text.ids)), token_ids)
+                                   _usage(len(ids), len(text.ids), request), token_ids)
 
     async def _sse(rid, body, chat, prompt_len, request, pieces):
         def event(obj) -> str:
@@ -189,7 +190,7 @@ def create_app(engine: Engine, model_name: str, *, max_body_bytes: int = MAX_BOD
                     yield event(protocol.chunk(rid, model_name, chat, delta, finish,
                                                token_ids=new if ids else None))
             yield event(protocol.chunk(rid, model_name, chat, None, None,
-                                       used=protocol.usage(prompt_len, count)))
+                                       used=_usage(prompt_len, count, request)))
         except RuntimeError as e:
             yield event(protocol.error(str(e), kind="server_error"))
         finally:
@@ -214,6 +215,10 @@ def _bearer(api_key: str):
                              {"WWW-Authenticate": "Bearer"}, code="invalid_api_key")
 
     return check
+
+
+def _usage(prompt: int, completion: int, request: Request) -> dict:
+    return protocol.usage(prompt, completion, request.rounds, request.accepted)
 
 
 async def _cancel_when_gone(http: HTTPRequest, request: Request) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for completions
+# what the server passes the chat template itself (and the tokenizer method's own name)
+TEMPLATE_ARGUMENTS = {"messages", "add_generation_prompt", "self"}
 SEED_BOUND = 2**63  # seeds are 64-bit signed integers, what a random key is made from
 
 
@@ -94,15 +96,29 @@ def _part_text(part) -> str:
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    # variables of the chat template, e.g. {"enable_thinking": false} for Qwen3's
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("chat_template_kwargs", mode="before")
+    @classmethod
+    def _template_variables(cls, v):
+        if isinstance(v, dict) and (taken := TEMPLATE_ARGUMENTS & set(v)):
+            raise ValueError(f"{sorted(taken)} are set by the server, not by a request")
+        return {} if v is None else v
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt: int, completion: int) -> dict:
-    return dict(prompt_tokens=prompt, completion_tokens=completion,
-                total_tokens=prompt + completion)
+def usage(prompt: int, completion: int, rounds: int = 0, accepted: int = 0) -> dict:
+    """OpenAI's token counts; with speculative rounds, an extension `speculative`: the
+    request's rounds and the tokens they committed per round."""
+    out = dict(prompt_tokens=prompt, completion_tokens=completion,
+               total_tokens=prompt + completion)
+    if rounds:
+        out["speculative"] = dict(rounds=rounds, tokens_per_round=round(accepted / rounds, 4))
+    return out
 
 
 def completion(rid: str, model: str, chat: bool, text: str, finish: str | None, used: dict,
