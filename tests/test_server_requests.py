@@ -23,7 +23,7 @@ from jetspec_jax.cli import build_parser
 from jetspec_jax.io.load import Draft, Target
 from jetspec_jax.io.tokenizer import Tokenizer
 from jetspec_jax.serve import protocol
-from jetspec_jax.serve.app import Server
+from jetspec_jax.serve.app import Server, Text
 from jetspec_jax.serve.engine import Engine, EngineConfig
 from test_api_cli import VOCAB, word_tokenizer
 from test_server import client, metrics
@@ -471,3 +471,27 @@ def test_chat_template_kwargs_reach_the_template(server):
     r = post(server, "/v1/chat/completions", chat_body(
         "w1", chat_template_kwargs={"messages": []}))
     assert r.status_code == 400 and error_of(r)["param"] == "chat_template_kwargs"
+
+
+class Letters:
+    """Token i is the letter chr(97 + i)."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(97 + i) for i in ids)
+
+
+def test_a_long_stop_string_costs_what_the_text_does():
+    """The text held back as a stop string's possible beginning is looked for within the text's
+    length, so a stop string near the body limit does not stall the event loop token by token."""
+    class Counted(str):
+        slices = 0
+
+        def __getitem__(self, key):
+            Counted.slices += 1
+            return str.__getitem__(self, key)
+
+    text = Text(Letters(), [Counted("x" * 500_000), "cd"])
+    assert [text.add([i], final=False) for i in range(3)] == [("a", False), ("b", False),
+                                                              ("", False)]
+    assert text.add([3], final=False) == ("", True)  # "abcd" stops before "cd"
+    assert Counted.slices <= 4 * 5

@@ -64,8 +64,9 @@ class Text:
         return new, stopped
 
     def _held(self, text: str) -> int:
-        """Length of the longest tail of text that is a proper prefix of a stop string."""
-        return max((n for s in self.stops for n in range(1, len(s))
+        """Length of the longest tail of text that is a proper prefix of a stop string (no
+        longer than text: a long stop string costs what the text does)."""
+        return max((n for s in self.stops for n in range(1, min(len(s), len(text) + 1))
                     if text.endswith(s[:n])), default=0)
 
 
