@@ -495,3 +495,20 @@ def test_a_long_stop_string_costs_what_the_text_does():
                                                               ("", False)]
     assert text.add([3], final=False) == ("", True)  # "abcd" stops before "cd"
     assert Counted.slices <= 4 * 5
+
+
+def test_an_unforeseen_failure_answers_500_in_the_openai_format(models):
+    class Broken(Tokenizer):
+        def encode(self, text, add_special_tokens=True):
+            raise RuntimeError("a tokenizer that fails")
+
+    target = dataclasses.replace(models[0], tokenizer=Broken(models[0].tokenizer.backend))
+    server = Server(Engine(target, None, EngineConfig(max_batch=1, max_len=MAX_LEN)),
+                    NAME).start()
+    try:
+        r = post(server, "/v1/completions", dict(model=NAME, prompt="w1"))
+    finally:
+        server.stop()
+    assert r.status_code == 500
+    error = error_of(r)
+    assert error["type"] == "server_error" and "RuntimeError" in error["message"]
