@@ -29,6 +29,7 @@ from jetspec_jax import options
 from jetspec_jax.io import cache, sources
 from jetspec_jax.io.files import write_json
 from jetspec_jax.io.prompts import read_prompt_file
+from jetspec_jax.serve import API_KEY_VARIABLE, MAX_BODY_BYTES
 
 BUILTIN_PROMPT = "Explain in three sentences why the sky is blue."
 BENCH_PROMPTS = (
@@ -420,6 +421,13 @@ def _serve_parser(sub) -> None:
                    "leave between calls (default: 4)")
     p.add_argument("--attn-impl", default="auto", metavar="|".join(options.ATTN_IMPLS),
                    help="attention kernel (as for generate; default: %(default)s)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES, metavar="N",
+                   help="a request body's size at most; larger ones get HTTP 413 (default: "
+                   "%(default)s, 1 MiB)")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE), metavar="KEY",
+                   help="answer /v1 requests only with 'Authorization: Bearer KEY', others "
+                   f"get HTTP 401; /health and /metrics stay open (default: ${API_KEY_VARIABLE}, "
+                   "else none)")
     p.set_defaults(run=run_serve, check=check_serve, mesh=None, prompt=None, prompt_file=None)
 
 
@@ -441,7 +449,8 @@ def run_serve(args) -> None:
     target, draft = _load(args)
     name = args.served_model_name or target.name
     print(f"compiling the round programs for {args.max_batch} slots ...", file=sys.stderr)
-    app.serve(engine.Engine(target, draft, config), name, args.host, args.port)
+    app.serve(engine.Engine(target, draft, config), name, args.host, args.port,
+              max_body_bytes=args.max_body_bytes, api_key=args.api_key)
 
 
 def run_generate(args) -> None:

@@ -96,6 +96,15 @@ class Request:
             self.cancel_reason = reason
 
 
+def _key(seed: int) -> jax.Array:
+    """A random key from a 64-bit signed seed, every seed its own stream (`jax.random.key`
+    keeps only the low 32 bits without x64): the high 32 bits are folded in when set, so seeds
+    below 2**32 give `jax.random.key(seed)`."""
+    seed %= 2**64
+    key = jax.random.key(seed % 2**32)
+    return jax.random.fold_in(key, seed >> 32) if seed >> 32 else key
+
+
 # ---- device programs -------------------------------------------------------------------------
 
 _STATIC = ("tcfg", "dcfg", "max_new", "stop_ids", "kernels")
@@ -195,19 +204,26 @@ class Engine:
 
     # ---- host side API (any thread) ----
 
-    def check(self, ids: list[int], max_tokens: int, field: str) -> None:
-        """Raises ValueError(field, message) if the request cannot fit a slot."""
+    def check(self, ids: list[int], max_tokens: int, field: str = "prompt",
+              limit: str = "max_tokens", top_k: int = 0) -> None:
+        """Raises ValueError(param, message) if the request cannot run in a slot: `field` names
+        the prompt, `limit` the generated-token limit."""
         if not ids:
             raise ValueError(field, f"{field} is empty")
+        if max_tokens > self.max_len - 1:
+            raise ValueError(limit, f"{limit}={max_tokens} leaves no room for a prompt in the "
+                             f"context limit of {self.max_len} tokens (at most "
+                             f"{self.max_len - 1})")
         if len(ids) + max_tokens > self.max_len:
-            raise ValueError(field, f"{field} has {len(ids)} tokens; with max_tokens="
+            raise ValueError(field, f"{field} has {len(ids)} tokens; with {limit}="
                              f"{max_tokens} that exceeds the context limit of {self.max_len} "
-                             f"tokens (at most {max(0, self.max_len - max_tokens)} prompt "
-                             "tokens fit)")
+                             f"tokens (at most {self.max_len - max_tokens} prompt tokens fit)")
         vocab = self.target.cfg.vocab_size
         if bad := [t for t in ids if not 0 <= t < vocab]:
             raise ValueError(field, f"{field} has token ids {bad[:5]} outside the vocab of "
                              f"{vocab}")
+        if top_k > vocab:
+            raise ValueError("top_k", f"top_k={top_k} exceeds the vocab of {vocab}")
 
     def submit(self, request: Request) -> None:
         with self.wake:
@@ -265,6 +281,7 @@ class Engine:
                     break
             try:
                 self._admit()
+                self._gauge_slots()  # the rows this call decodes, while it runs
                 if self.slots:
                     self._step()
             except Exception as e:  # noqa: BLE001  a failed round fails its requests only
@@ -273,9 +290,12 @@ class Engine:
                     self._finish(r, None, f"decoding failed: {e}")
                 self.slots = []
                 self.state = self._empty_state()
-            self.metrics.set("slots_active", len(self.slots))
+            self._gauge_slots()
         for r in [*self.slots, *self.queue]:
             self._finish(r, None, "the server is shutting down")
+
+    def _gauge_slots(self) -> None:
+        self.metrics.set("slots_active", len(self.slots))
 
     def _admit(self) -> None:
         while len(self.slots) < self.config.max_batch:
@@ -302,17 +322,18 @@ class Engine:
         prompt[0, :len(r.ids)] = r.ids
         for k, v in (("temperature", r.temperature), ("top_k", r.top_k), ("top_p", r.top_p)):
             self.rows[k][slot] = v
-        seed = r.seed if r.seed is not None else int.from_bytes(os.urandom(4), "little")
+        seed = r.seed if r.seed is not None else int.from_bytes(os.urandom(8), "little")
         rows = RowSampler(**{k: jnp.asarray(v[slot:slot + 1]) for k, v in self.rows.items()})
         self.state = _insert(self.tparams, self.dparams, self.state, jnp.int32(slot),
                              jnp.asarray(prompt), jnp.asarray([len(r.ids)], jnp.int32),
-                             jax.random.key(seed)[None], rows, **self.loop, **self.start_static)
+                             _key(seed)[None], rows, **self.loop, **self.start_static)
 
     def _step(self) -> None:
         n = len(self.slots)
         active = next(b for b in self.buckets if b >= n)
         self.state, view = self._run_round(active)
         tokens, nums, done, rounds, accepted = jax.device_get(view)
+        self._count_rounds(rounds[:n], accepted[:n])
         finished = []
         for i, r in enumerate(self.slots):
             end = min(int(nums[i]), r.max_tokens)
@@ -340,11 +361,18 @@ class Engine:
             self.slots[i] = self.slots[last]
             self.slots.pop()
 
+    def _count_rounds(self, rounds: np.ndarray, accepted: np.ndarray) -> None:
+        """Counts the rounds the last call ran for the active rows (per-row totals, against
+        what each row had) and the tokens they committed; sets that call's tokens per round."""
+        ran = int(rounds.sum()) - sum(r.rounds for r in self.slots)
+        committed = int(accepted.sum()) - sum(r.accepted for r in self.slots)
+        if ran:
+            self.metrics.count("rounds", ran)
+            self.metrics.count("accepted_tokens", committed)
+            self.metrics.set("round_tokens", committed / ran)
+
     def _finish(self, r: Request, reason: str | None, error: str | None) -> None:
         self.metrics.count("requests", outcome=reason or "error")
-        if self.draft is not None and r.rounds:
-            self.metrics.count("rounds", r.rounds)
-            self.metrics.count("accepted_tokens", r.accepted)
         try:
             r.on_event([], reason, error)
         except Exception:  # noqa: BLE001  a listener that has gone away

@@ -10,10 +10,11 @@ HELP = {  # name -> (type, help)
     "rejected": ("counter", "requests refused before they were queued, by reason"),
     "prompt_tokens": ("counter", "prompt tokens prefilled"),
     "generated_tokens": ("counter", "tokens generated"),
-    "rounds": ("counter", "speculative rounds run by finished requests"),
+    "rounds": ("counter", "speculative rounds run, counted after each device call"),
     "accepted_tokens": ("counter", "tokens those rounds committed"),
+    "round_tokens": ("gauge", "tokens committed per speculative round in the last device call"),
     "queue_depth": ("gauge", "requests waiting for a slot"),
-    "slots_active": ("gauge", "batch slots decoding a request"),
+    "slots_active": ("gauge", "batch slots holding a request, counted as they join and leave"),
     "slots_total": ("gauge", "batch slots on the device"),
 }
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOPS = 4  # stop strings per request, as OpenAI allows
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for completions
+# what the server passes the chat template itself (and the tokenizer method's own name)
+TEMPLATE_ARGUMENTS = {"messages", "add_generation_prompt", "self"}
+SEED_BOUND = 2**63  # seeds are 64-bit signed integers, what a random key is made from
 
 
 class Sampling(BaseModel):
@@ -23,7 +27,7 @@ class Sampling(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)  # -1 or 0: off
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-SEED_BOUND, lt=SEED_BOUND)
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
     return_token_ids: bool = False  # an extension: the generated ids beside the text
@@ -45,7 +49,12 @@ class Sampling(BaseModel):
 
 class CompletionRequest(Sampling):
     prompt: str | list[int] | list[str]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: int = Field(COMPLETION_MAX_TOKENS, ge=1)
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _default_limit(cls, v):
+        return COMPLETION_MAX_TOKENS if v is None else v
 
     @field_validator("prompt")
     @classmethod
@@ -65,19 +74,51 @@ class Message(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, v):
+        """A list of content parts (what OpenAI clients send for multi-part messages) -> their
+        texts joined by newlines; parts other than text are refused by type."""
+        return "\n".join(map(_part_text, v)) if isinstance(v, list) else v
+
+
+def _part_text(part) -> str:
+    if not isinstance(part, dict):
+        raise ValueError("each content part must be an object with a 'type'")
+    if part.get("type") != "text":
+        raise ValueError(f"content parts of type {part.get('type')!r} are not supported; "
+                         "only 'text'")
+    if not isinstance(part.get("text"), str):
+        raise ValueError("a text part needs 'text', a string")
+    return part["text"]
+
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    # variables of the chat template, e.g. {"enable_thinking": false} for Qwen3's
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("chat_template_kwargs", mode="before")
+    @classmethod
+    def _template_variables(cls, v):
+        if isinstance(v, dict) and (taken := TEMPLATE_ARGUMENTS & set(v)):
+            raise ValueError(f"{sorted(taken)} are set by the server, not by a request")
+        return {} if v is None else v
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt: int, completion: int) -> dict:
-    return dict(prompt_tokens=prompt, completion_tokens=completion,
-                total_tokens=prompt + completion)
+def usage(prompt: int, completion: int, rounds: int = 0, accepted: int = 0) -> dict:
+    """OpenAI's token counts; with speculative rounds, an extension `speculative`: the
+    request's rounds and the tokens they committed per round."""
+    out = dict(prompt_tokens=prompt, completion_tokens=completion,
+               total_tokens=prompt + completion)
+    if rounds:
+        out["speculative"] = dict(rounds=rounds, tokens_per_round=round(accepted / rounds, 4))
+    return out
 
 
 def completion(rid: str, model: str, chat: bool, text: str, finish: str | None, used: dict,
@@ -116,5 +157,6 @@ def chunk(rid: str, model: str, chat: bool, text: str | None, finish: str | None
     return out
 
 
-def error(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    return {"error": dict(message=message, type=kind, param=param, code=None)}
+def error(message: str, param: str | None = None, kind: str = "invalid_request_error",
+          code: str | None = None) -> dict:
+    return {"error": dict(message=message, type=kind, param=param, code=code)}
