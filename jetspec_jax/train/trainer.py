@@ -289,8 +289,9 @@ def mean_accepted_length(cfg: TrainConfig, tcfg, dcfg, dparams, tparams, data) -
     return float(np.sum(stats.accepted) / max(int(np.sum(stats.rounds)), 1))
 
 
-def load_init_head(cfg: TrainConfig, dcfg, specs) -> tuple[dict, int | None]:
-    """(float32 params, the step they were trained to, if recorded) of cfg.init_head: an orbax
+def load_init_head(cfg: TrainConfig, dcfg, specs) -> tuple[dict, dict, tuple | None]:
+    """(float32 params, their metadata: "steps" trained and "train_seconds" when recorded, their
+    draft vocabulary) of cfg.init_head: an orbax
     head directory, or `save_draft` / `save_eagle` safetensors files (a folder, or the files),
     which must hold a head of this config."""
     paths = [Path(p) for p in cfg.init_head]
@@ -314,7 +315,7 @@ def load_init_head(cfg: TrainConfig, dcfg, specs) -> tuple[dict, int | None]:
         raise ValueError(f"init_head {cfg.init_head} is another head than this config makes "
                          f"(differs in {sorted(diff)})")
     check_params(params, specs, f"init_head {cfg.init_head}")
-    return (jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), meta.get("steps"),
+    return (jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params), meta,
             getattr(got, "draft_vocab", None))
 
 
@@ -351,7 +352,8 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
     ckpts = state_dirs(out / "checkpoints")
     init, start_step, previous_vocab = None, cfg.start_step, None
     if cfg.init_head and not ckpts:
-        init, trained, previous_vocab = load_init_head(cfg, dcfg, specs)
+        init, init_meta, previous_vocab = load_init_head(cfg, dcfg, specs)
+        trained = init_meta.get("steps")
         if start_step is None:
             if trained is None:
                 raise ValueError(f"init_head {cfg.init_head} records no step count: give "
@@ -389,6 +391,8 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
         sampler.restore(meta["data_sampler"])
     elif init is not None:
         dparams, step, offset = init, start_step, start_step
+        if start_step == trained:  # the same run continued: its clock too
+            elapsed = float(init_meta.get("train_seconds", 0.0))
         for _ in range(step):  # the batches an uninterrupted run would have drawn so far
             sampler.next()
     tx, schedule = make_optimizer(cfg, offset)
@@ -450,6 +454,7 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
         save = eagle.save_eagle if cfg.head == "eagle" else save_draft
         save(out / "head", jax.device_get(dparams), dcfg, overwrite=True,
              metadata={"steps": step, "complete": not timed_out,
+                       "train_seconds": round(time.time() - start, 1),
                        "train_config": dataclasses.asdict(cfg)})
     return TrainResult(dparams=dparams, dcfg=dcfg, step=step, out_dir=out)
 

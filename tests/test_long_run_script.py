@@ -1,0 +1,77 @@
+"""scripts/long_run.sh: the first stretch starts from the shipped head at step 0, a later one
+from the run's own weights at their step, each with a data seed of its own; the run's state is
+replaced only when a stretch finished, and its log carries over."""
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A stand-in for python: records the CLI calls; `-c` (the step of a state's weights) prints
+# $TRAINED; train-draft writes a metrics row; convert writes one weights part.
+FAKE_PY = """#!/usr/bin/env bash
+if [[ $1 == -c ]]; then echo "$TRAINED"; exit 0; fi
+echo "$@" >> "$CALLS"
+out=$(echo "$@" | sed -n 's/.*--out \\([^ ]*\\).*/\\1/p')
+case $3 in
+  train-draft) mkdir -p "$out" && echo '{"step": 1}' >> "$out/metrics.jsonl" ;;
+  convert) [[ -n "${FAIL_EXPORT:-}" ]] && exit 3
+           dst=$(echo "$@" | awk '{print $6}'); mkdir -p "$dst"
+           echo weights > "$dst/part-00001-of-00001.safetensors" ;;
+esac
+"""
+
+
+def stretch(tmp_path: Path, **env):
+    py = tmp_path / "py"
+    py.write_text(FAKE_PY)
+    py.chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.unlink(missing_ok=True)
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "long_run.sh")], capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin", "PY": str(py), "CALLS": str(calls),
+             "STATE": str(tmp_path / "state"), "RUN": str(tmp_path / "run"),
+             "PROMPTS": "prompts.jsonl", "DEADLINE": "4102444800", "TRAINED": "0", **env})
+    return done, (calls.read_text().splitlines() if calls.exists() else [])
+
+
+def test_stretches_continue_one_run(tmp_path):
+    done, calls = stretch(tmp_path)
+    assert done.returncode == 0, done.stderr
+    data = [c for c in calls if " train-data " in c and "--split train" in c]
+    train = [c for c in calls if " train-draft " in c]
+    assert len(data) == 1 and "--seed 1000 " in data[0] and "--teacher-top-k 32" in data[0]
+    assert "--max-prompt-len 512 " in data[0] and "--max-new-tokens 512 " in data[0]
+    assert len(train) == 1 and "--init-head checkpoints/smollm2-135m-jetspec " in train[0]
+    assert "--start-step 0" in train[0] and "--steps 40000 " in train[0]
+    assert "--draft-vocab 8192" in train[0]
+    state = tmp_path / "state"
+    assert (state / "part-00001-of-00001.safetensors").exists()
+    assert (state / "metrics.jsonl").read_text().count("step") == 1
+
+    (tmp_path / "run").rename(tmp_path / "run-1")  # a later stretch, on a fresh machine
+    done, calls = stretch(tmp_path, TRAINED="5000")
+    assert done.returncode == 0, done.stderr
+    data = [c for c in calls if " train-data " in c and "--split train" in c]
+    train = [c for c in calls if " train-draft " in c]
+    assert "--seed 6000 " in data[0]
+    assert f"--init-head {state}/part-00001-of-00001.safetensors" in train[0]
+    assert "--start-step" not in train[0]
+    assert (state / "metrics.jsonl").read_text().count("step") == 2  # the log carried over
+
+
+def test_an_unfinished_stretch_leaves_the_state(tmp_path):
+    stretch(tmp_path)
+    before = (tmp_path / "state" / "metrics.jsonl").read_text()
+    (tmp_path / "run").rename(tmp_path / "run-1")
+    done, _ = stretch(tmp_path, TRAINED="5000", FAIL_EXPORT="1")
+    assert done.returncode != 0
+    assert (tmp_path / "state" / "metrics.jsonl").read_text() == before
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [
+        "metrics.jsonl", "part-00001-of-00001.safetensors"]
+
+
+def test_settings_are_required(tmp_path):
+    done, calls = stretch(tmp_path, DEADLINE="")
+    assert done.returncode != 0 and "DEADLINE" in done.stderr and not calls
