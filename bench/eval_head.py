@@ -5,10 +5,14 @@ speedup at batch 1 over autoregressive decoding timed in the same run.
   python -m bench.eval_head --draft checkpoints/smollm2-135m-jetspec --dtype bfloat16 \
       --budgets 16 32 64 128 256 --temperatures 0 1 --batch1-prompts 8 --out eval.json
 
+Answers run to the stop token or --max-new-tokens (default 512: whole answers, as users
+decode them; tau grows with an answer's length, so short caps understate a head).
+
 Tau comes from all benchmarks decoded as one ragged batch, or in --batch-size batches where
 memory is short (tau does not depend on the batch);
-speed from --batch1-prompts prompts of each benchmark (of one padded length) decoded one at a time, each
-speculative run followed by the autoregressive run of the same prompt. Benchmark prompts are
+speed from --batch1-prompts prompts of each benchmark (of one padded length) decoded one at a
+time, each speculative run followed by the autoregressive run of the same prompt, per benchmark
+and pooled. Benchmark prompts are
 for evaluation only: never train on them.
 """
 
@@ -81,9 +85,22 @@ def batch1_speed(target, draft, prompts, *, budget, max_new):
         same += r.tokens == r.ar_tokens
         committed += r.accepted[0]
     return dict(budget=budget, prompts=len(prompts), tokens=tokens, seconds=spec_s,
-                tau=sum(committed) / max(len(committed), 1),
+                rounds=len(committed), tau=sum(committed) / max(len(committed), 1),
                 ar_seconds=ar_s, speedup=ar_s / spec_s, tokens_per_s=tokens / spec_s,
                 ar_tokens_per_s=tokens / ar_s, identical_share=same / len(prompts))
+
+
+def pooled(rows: list[dict]) -> dict:
+    """One batch-1 row of several benchmarks' rows: their seconds, tokens and rounds summed."""
+    tokens = sum(r["tokens"] for r in rows)
+    spec_s, ar_s = sum(r["seconds"] for r in rows), sum(r["ar_seconds"] for r in rows)
+    rounds = sum(r["rounds"] for r in rows)
+    prompts = sum(r["prompts"] for r in rows)
+    return dict(budget=rows[0]["budget"], prompts=prompts, tokens=tokens, seconds=spec_s,
+                rounds=rounds, tau=sum(r["tau"] * r["rounds"] for r in rows) / max(rounds, 1),
+                ar_seconds=ar_s, speedup=ar_s / spec_s, tokens_per_s=tokens / spec_s,
+                ar_tokens_per_s=tokens / ar_s,
+                identical_share=sum(r["identical_share"] * r["prompts"] for r in rows) / prompts)
 
 
 def main():
@@ -95,7 +112,7 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="prompts per benchmark (0: all)")
     ap.add_argument("--budgets", type=int, nargs="*", default=[16, 32, 64, 128, 256])
     ap.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 1.0])
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=0,
                     help="prompts decoded together for tau (0: all in one batch)")
     ap.add_argument("--batch1-prompts", type=int, default=8,
@@ -109,7 +126,8 @@ def main():
     target = api.load_target(args.model, dtype=args.dtype)
     draft = api.load_draft(args.draft or api.default_draft_path(args.model), target)
     result = dict(command=command_line(), dtype=args.dtype, device=jax.devices()[0].device_kind,
-                  date=time.strftime("%Y-%m-%d"), tau={}, batch1=[])
+                  date=time.strftime("%Y-%m-%d"), max_new_tokens=args.max_new_tokens, tau={},
+                  batch1=[])
     sets = {name: BENCHMARKS[name]() for name in args.benchmarks}
     sets = {k: (v[:args.limit] if args.limit else v) for k, v in sets.items()}
     for t in args.temperatures:
@@ -117,12 +135,12 @@ def main():
                                     max_new=args.max_new_tokens, batch_size=args.batch_size)
         write_json(args.out, result)
     if args.batch1_prompts:
-        prompts = [p for name in args.benchmarks
-                   for p in one_bucket(target, sets[name], args.batch1_prompts)]
-        result["batch1"] = [batch1_speed(target, draft, prompts, budget=b,
-                                         max_new=args.max_new_tokens)
-                            for b in args.batch1_budgets]
-        write_json(args.out, result)
+        for b in args.batch1_budgets:
+            rows = [dict(benchmark=name, **batch1_speed(
+                target, draft, one_bucket(target, sets[name], args.batch1_prompts), budget=b,
+                max_new=args.max_new_tokens)) for name in args.benchmarks]
+            result["batch1"] += rows + [dict(benchmark="pooled", **pooled(rows))]
+            write_json(args.out, result)
     print(f"{'benchmark':10s} {'T':>4s} " + " ".join(f"{b:>6d}" for b in args.budgets))
     for t, rows in result["tau"].items():
         for name in args.benchmarks:
@@ -131,7 +149,8 @@ def main():
             print(f"{name:10s} {t:4.1f} " + " ".join(f"{x:6.2f}" for x in taus)
                   + ("" if t else f"  identical to AR: {same}"))
     for r in result["batch1"]:
-        print(f"batch 1, budget {r['budget']}, {r['prompts']} prompts: tau {r['tau']:.2f}, "
+        print(f"batch 1, {r['benchmark']}, budget {r['budget']}, {r['prompts']} prompts: "
+              f"tau {r['tau']:.2f}, "
               f"{r['speedup']:.2f}x "
               f"({r['tokens_per_s']:.0f} vs {r['ar_tokens_per_s']:.0f} tok/s)")
 

@@ -233,3 +233,18 @@ def test_a_run_at_another_eagle_depth_is_refused_before_loading(tmp_path, monkey
                                       "--out", str(out)])
     with pytest.raises(SystemExit, match="another --eagle-depth"):
         compare_heads.main()
+
+
+def test_eval_head_pools_batch1_rows_by_time_and_rounds():
+    """The pooled batch-1 row is total AR time over total speculative time, tau over all
+    rounds, not a mean of the sets' ratios."""
+    from bench.eval_head import pooled
+
+    rows = [dict(budget=4, prompts=2, tokens=100, seconds=2.0, ar_seconds=4.0, rounds=50,
+                 tau=2.0, identical_share=1.0),
+            dict(budget=4, prompts=1, tokens=300, seconds=2.0, ar_seconds=12.0, rounds=60,
+                 tau=5.0, identical_share=0.0)]
+    row = pooled(rows)
+    assert row["speedup"] == 4.0 and row["tokens_per_s"] == 100.0
+    assert row["tau"] == (2.0 * 50 + 5.0 * 60) / 110
+    assert row["identical_share"] == 2 / 3 and row["prompts"] == 3
