@@ -7,7 +7,6 @@ from __future__ import annotations
 DEFAULT_MODEL = "smollm2-135m"
 DTYPE_NAMES = ("bfloat16", "float32")
 TREE_METHODS = ("accum_logp", "top2gap", "chain")
-DRAFT_MODES = ("per_depth", "path")
 MAX_BUDGET = 1024  # tree nodes verified per round at most
 PREFILL_CHUNK = 256  # prompt tokens per prefill pass
 GPU_BUCKETS = (16, 32, 64, 128, 256)  # tree sizes budget="auto" picks from on a GPU

@@ -81,3 +81,17 @@ def test_no_module_imports_itself_back():
     for mod in sorted(g):
         if mod not in state:
             visit(mod, [mod])
+
+
+def test_the_core_never_imports_the_lab():
+    """The lab's heads plug in by registration (`lab/__init__.py`); nothing in jetspec_jax or
+    pallas_kernels names `lab`."""
+    wrong = []
+    for pkg in ("jetspec_jax", "pallas_kernels"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                wrong += [f"{path.relative_to(ROOT)} -> {n}" for n in names
+                          if n == "lab" or n.startswith("lab.")]
+    assert not wrong, wrong

@@ -1,2 +1,2 @@
 """Drafters behind one interface (`drafter.py`): the block draft head (causal = JetSpec,
-bidirectional = DFlash) with its path-conditioned second pass, and the EAGLE-style head."""
+bidirectional = DFlash); other heads plug in by registering their config type."""

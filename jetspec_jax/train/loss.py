@@ -6,10 +6,8 @@ position a + d (the target's logits at a + d - 1): forward KL(target || head), w
 the target's whole distribution (better for tree drafting than hard labels). Depth d may be
 weighted by exp(-(d-1)/gamma): early depths decide most of the accepted length. With a feature
 cache (`features.py`) the teacher is the target's top-K renormalised over those K tokens, and
-the KL is sum_k p_k (log p_k - log q_k) with the head's full log-softmax q. The EAGLE
-baseline (`eagle.py`) is trained the same way on its unrolled chain of D depths. With
-`prefix_fill` some blocks hold true tokens in their first slots (`prefix_fill.py`), as the
-path-conditioned drafting pass shows them; those slots are not supervised.
+the KL is sum_k p_k (log p_k - log q_k) with the head's full log-softmax q. Every kind of
+head (`head_kinds.py`) is trained the same way on its own drafts of the D depths.
 The anchors run in chunks (`map_anchor_chunks`): the head's logits and the teacher's
 log-probabilities of one chunk, [B, chunk, blk-1, V] in float32, are all a step holds at a time
 beside the teacher's [B, T, V], so recipe-sized anchor counts (256-512 per sequence) fit; the
@@ -28,12 +26,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.draft.head import DraftConfig
+from jetspec_jax.draft.drafter import HeadConfig
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.train.eagle import EagleConfig, eagle_logits
 from jetspec_jax.model import target
-from jetspec_jax.train.head_forward import head_context, head_logits, sample_anchors, target_pass
-from jetspec_jax.train.prefix_fill import sample_fill, supervised
+from jetspec_jax.train import head_kinds
+from jetspec_jax.train.head_forward import sample_anchors, target_pass
 
 
 def depth_weights(depth: int, gamma: float | None, depth1_weight: float | None = None):
@@ -132,7 +129,7 @@ def _anchor_slots(key, batch, num_anchors: int, depth: int):
     return anchors, pos, valid
 
 
-def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig, batch, key,
+def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: HeadConfig, batch, key,
                     num_anchors: int):
     """The frozen target's part of a training step (no gradient flows into it), run online.
 
@@ -149,7 +146,7 @@ def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig,
                                   "pos": pos, "valid": valid})
 
 
-def cached_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig, batch,
+def cached_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: HeadConfig, batch,
                            key, num_anchors: int):
     """`teacher_outputs` from a feature cache (`features.py`) instead of the target: batch
     also holds taps [B, T, k*D] and top_logp, top_ids [B, T, K]. The same key draws the same
@@ -162,38 +159,22 @@ def cached_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | Eagle
         "top_ids": at_positions(batch["top_ids"], pos), "valid": valid})
 
 
-def head_loss(dparams, dcfg: DraftConfig | EagleConfig, tparams, tcfg: ModelConfig, tokens,
-              teach, gamma: float | None = None, *, key=None, prefix_fill: float = 0.0,
-              depth1_weight: float | None = None, anchor_chunk: int | None = None):
-    """Loss and metrics of the head (parallel block or EAGLE chain) on the anchors chosen in
-    `teacher_outputs` (full teacher logits) or `cached_teacher_outputs` (top-K).
+def head_loss(dparams, dcfg: HeadConfig, tparams, tcfg: ModelConfig, tokens, teach,
+              gamma: float | None = None, *, depth1_weight: float | None = None,
+              anchor_chunk: int | None = None):
+    """Loss and metrics of the head (of any kind, `head_kinds.of_config`) on the anchors
+    chosen in `teacher_outputs` (full teacher logits) or `cached_teacher_outputs` (top-K).
 
-    prefix_fill > 0 (block heads only): each block gets, with that probability, a prefix of
-    true tokens drawn with key (`prefix_fill.py`); its filled slots leave the loss.
     anchor_chunk: anchors per chunk (`map_anchor_chunks`; must divide A); None: all at once."""
     anchors, valid = teach["anchors"], teach["valid"]
-    fill = jnp.zeros(anchors.shape, jnp.int32)
-    if isinstance(dcfg, EagleConfig):
-        if prefix_fill > 0:
-            raise ValueError("prefix_fill applies to block heads, not the EAGLE chain")
-        logits = lambda anc, _: eagle_logits(  # noqa: E731
-            dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anc)
-    else:
-        if prefix_fill > 0:
-            if key is None:
-                raise ValueError("prefix_fill > 0 needs a key to draw the fill")
-            fill = sample_fill(key, anchors.shape, dcfg.block_size, prefix_fill)
-            valid = valid & supervised(fill, dcfg.depth)
-        ctx = head_context(dparams, dcfg, teach["taps"])  # shared by every chunk
-        logits = lambda anc, fl: head_logits(  # noqa: E731
-            dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anc,
-            fl if prefix_fill > 0 else None, ctx=ctx)
+    logits = head_kinds.of_config(dcfg).training_logits(dparams, dcfg, tparams, tcfg,
+                                                         teach["taps"], tokens)
     if "logp" in teach:
-        fn = lambda anc, fl, pos: slot_logp_kl(  # noqa: E731
-            logits(anc, fl), at_positions(teach["logp"], pos))
-        kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, fill, teach["pos"])
+        fn = lambda anc, pos: slot_logp_kl(  # noqa: E731
+            logits(anc), at_positions(teach["logp"], pos))
+        kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, teach["pos"])
     else:
-        fn = lambda anc, fl, lp, ids: slot_topk_kl(logits(anc, fl), lp, ids)  # noqa: E731
-        kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, fill, teach["top_logp"],
+        fn = lambda anc, lp, ids: slot_topk_kl(logits(anc), lp, ids)  # noqa: E731
+        kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, teach["top_logp"],
                                     teach["top_ids"])
     return _reduce(kl, hit, valid, depth_weights(kl.shape[2], gamma, depth1_weight))
