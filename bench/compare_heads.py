@@ -40,7 +40,7 @@ from jetspec_jax import api
 from jetspec_jax.decode.autoregressive import prefill
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
-from jetspec_jax.decode.tree import build_trees, topk_from_logits
+from jetspec_jax.draft.tree import build_trees, topk_from_logits
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.model import target as target_model
 from jetspec_jax.model.cache import KVCache

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.decode.tree import DraftTree, ancestor_matrix
+from jetspec_jax.draft.tree import DraftTree, ancestor_matrix
 from jetspec_jax.draft import drafter, head as draft_head
 from jetspec_jax.draft.head import dense_attention
 from jetspec_jax.model import target

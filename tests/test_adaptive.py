@@ -17,7 +17,7 @@ from jetspec_jax import costs
 from jetspec_jax.decode import adaptive
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec
-from jetspec_jax.decode.tree import build_trees, topk_from_logits
+from jetspec_jax.draft.tree import build_trees, topk_from_logits
 
 BUCKETS = (4, 8, 16)
 

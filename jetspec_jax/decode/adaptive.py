@@ -29,7 +29,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.decode.tree import DraftTree
+from jetspec_jax.draft.tree import DraftTree
 
 
 def prefix_tree(tree: DraftTree, n: int) -> DraftTree:

@@ -24,7 +24,7 @@ from jetspec_jax.decode.autoregressive import (
     prefill,
 )
 from jetspec_jax.decode.sampling import RowSampler, Sampler, choose_tokens, split_key
-from jetspec_jax.decode.tree import METHODS, reachable_depth
+from jetspec_jax.draft.tree import METHODS, reachable_depth
 from jetspec_jax.decode.verify import accept, commit, verify_tree
 from jetspec_jax.draft import drafter as drafters
 from jetspec_jax.draft.drafter import HeadConfig

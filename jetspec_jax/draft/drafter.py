@@ -20,7 +20,7 @@ from typing import Protocol
 
 import jax.numpy as jnp
 
-from jetspec_jax.decode.tree import build_trees, topk_from_logits
+from jetspec_jax.draft.tree import build_trees, topk_from_logits
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.model.config import ModelConfig

@@ -11,7 +11,7 @@ The tree grows best-first: repeatedly pop the open node with the highest cumulat
   chain:      cap[d] = 1 (a single greedy path)
 Node order is insertion order, so parent index < child index. Shapes are static: N = budget
 nodes including the root; nodes the tree cannot fill are padding (valid False).
-`jetspec_jax.decode.tree_reference.build_tree_numpy` is the plain heapq reference it must match.
+`jetspec_jax.draft.tree_reference.build_tree_numpy` is the plain heapq reference it must match.
 
 Without the loop (`_grow_sorted`; `_statics` says which methods use it): log-probs are <= 0,
 so a child never beats its parent and the heap pops nodes in one fixed "pop order": higher score
