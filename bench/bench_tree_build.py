@@ -1,6 +1,6 @@
-"""Time the on-device draft-tree builder (`jetspec_jax.draft.tree`) alone: the sorted builder and the
-best-first pop loop (build_trees uses the loop only on the CPU, for top2gap and small trees),
-optionally another revision.
+"""Time the on-device draft-tree builder (`jetspec_jax.draft.tree`) alone: the sorted builder and
+the best-first pop loop (build_trees uses the loop only on the CPU, for top2gap and small
+trees), optionally another revision.
 
 Each timed call runs `--inner` builds inside one jitted `lax.fori_loop`, so dispatch cancels;
 a row reports the median over `--repeats` calls (after warm-up) divided by `--inner`. Every

@@ -233,7 +233,8 @@ def adaptive_spec(target: Target, draft: Draft, tparams, dparams, prompt, spec: 
         with sharding.use(mesh):
             _COSTS[key] = costs.measure_costs(
                 tparams, target.cfg, dparams, draft.dcfg, buckets=auto_buckets(),
-                width=spec.width, method=spec.method, batch=prompt.shape[0], context_len=prompt.shape[1], kernels=kernels,
+                width=spec.width, method=spec.method, batch=prompt.shape[0],
+                context_len=prompt.shape[1], kernels=kernels,
                 cache_dtype=target.dtype)
         seconds = time.perf_counter() - start
     return costs.auto_tree_spec(_COSTS[key], width=spec.width, method=spec.method), seconds
@@ -267,8 +268,9 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
              matmul_impl: str = "auto", mesh=None, prefill_chunk: int = PREFILL_CHUNK) -> _Run:
     """`generate`'s options checked, the prompts encoded and batched, and the weights and
     batch placed on the mesh."""
-    opts = decoding_options(budget=budget, width=width, tree=tree, temperature=temperature, top_k=top_k, top_p=top_p,
-                            attn_impl=attn_impl, matmul_impl=matmul_impl, draft=draft)
+    opts = decoding_options(budget=budget, width=width, tree=tree, temperature=temperature,
+                            top_k=top_k, top_p=top_p, attn_impl=attn_impl,
+                            matmul_impl=matmul_impl, draft=draft)
     if draft is not None:
         check_fits(draft, target)
     ids = encode_prompts(target, prompts, chat=chat)
@@ -382,7 +384,8 @@ def _decoded(target: Target, out) -> tuple[list[str], list[list[int]]]:
 
 def bench(target: Target, prompts, *, draft: Draft,
           budgets: Sequence[int | str] = (4, 8, 16, 32, 64), max_new_tokens: int = 128,
-          width: int = 7, tree: str = "accum_logp", chat: bool = True, attn_impl: str = "auto", progress: bool = True) -> list[dict]:
+          width: int = 7, tree: str = "accum_logp", chat: bool = True, attn_impl: str = "auto",
+          progress: bool = True) -> list[dict]:
     """Greedy speculative vs autoregressive decoding of the same batch, for each budget (a
     number of tree nodes or "auto"; each pair timed back to back) -> one row per budget, with
     the rounds per tree size (`bucket_mix`)."""

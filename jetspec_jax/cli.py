@@ -136,9 +136,16 @@ def _check_parent(path: Path, flag: str) -> None:
         raise PermissionError(f"{flag} {path}: the directory {parent} is not writable")
 
 
-def check_numbers(**values) -> None:
-    """Every decoding number in range, all problems in one line."""
-    if problems := options.decoding_problems(**values):
+def check_numbers(*, max_new_tokens: int = 1, budget: int | str | None = None, width: int = 1,
+                  **values) -> None:
+    """Every decoding number in range, all problems in one line, in flag order (the tree's by
+    `TreeSpec`)."""
+    from jetspec_jax.draft.tree_spec import TreeSpec  # jax-free
+
+    problems = (options.decoding_problems(max_new_tokens=max_new_tokens)
+                + TreeSpec.problems(budget if isinstance(budget, int) else None, width)
+                + options.decoding_problems(**values))
+    if problems:
         raise ValueError("; ".join(problems))
 
 
@@ -448,7 +455,8 @@ def run_generate(args) -> None:
     if args.compare and draft is None:
         print("note: --compare needs a draft head; nothing to compare with", file=sys.stderr)
     options = dict(draft=draft, max_new_tokens=args.max_new_tokens, budget=args.budget,
-                   width=args.width, tree=args.tree, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   width=args.width, tree=args.tree, temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, chat=not args.no_chat, attn_impl=args.attn_impl,
                    prefill_chunk=args.prefill_chunk)
     if args.stream:

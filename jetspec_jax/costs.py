@@ -57,4 +57,5 @@ def auto_tree_spec(costs: dict[int, float], *, width: int = 7, method: str = "ac
     """The TreeSpec of `budget="auto"`: buckets and their costs from a `measure_costs` table;
     the budget (what cache sizing sees) is the largest bucket."""
     buckets = tuple(sorted(costs))
-    return TreeSpec(budget=buckets[-1], width=width, method=method, buckets=buckets, bucket_costs=tuple(float(costs[b]) for b in buckets))
+    return TreeSpec(budget=buckets[-1], width=width, method=method, buckets=buckets,
+                    bucket_costs=tuple(float(costs[b]) for b in buckets))

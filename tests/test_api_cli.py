@@ -19,7 +19,7 @@ from fixtures.make_reference_head import reference_config, reference_weights, wr
 from helpers import tiny_head, tiny_target
 from jetspec_jax import api
 from jetspec_jax.cli import build_parser, main
-from jetspec_jax.decode.speculative import MAX_BUDGET
+from jetspec_jax.options import MAX_BUDGET
 from jetspec_jax.io import sources
 from jetspec_jax.io.checkpoints import save_target
 from jetspec_jax.io.convert.hf import load_hf
@@ -122,7 +122,8 @@ def test_generate_auto_budget_matches_autoregressive(tiny, monkeypatch):
     auto = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10, budget="auto")
     assert auto.tokens == ar.tokens and auto.tree_spec.buckets == AUTO
     assert sum(auto.bucket_mix.values()) == max(auto.rounds) and set(auto.bucket_mix) <= {4, 8}
-    assert "budget auto (buckets 4, 8), width 7, tree accum_logp" in auto.summary() and "tree sizes chosen: " in auto.summary()
+    assert "budget auto (buckets 4, 8), width 7, tree accum_logp" in auto.summary() \
+        and "tree sizes chosen: " in auto.summary()
     json.dumps(auto.to_dict())
     again = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10,
                          budget="auto")  # costs and compiled code reused

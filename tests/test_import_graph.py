@@ -19,7 +19,7 @@ MAY_IMPORT = {
     "costs": {"model", "decode"},
     "api": {"model", "draft", "decode", "io", "results", "costs"},
     "serve": {"api", "decode", "io"},
-    "cli": {"api", "model", "decode", "io", "train", "serve"},
+    "cli": {"api", "model", "draft", "decode", "io", "train", "serve"},
 }
 
 

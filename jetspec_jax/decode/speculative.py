@@ -24,7 +24,6 @@ from jetspec_jax.decode.autoregressive import (
     prefill,
 )
 from jetspec_jax.decode.sampling import RowSampler, Sampler, choose_tokens, split_key
-from jetspec_jax.draft.tree import METHODS, reachable_depth
 from jetspec_jax.decode.verify import accept, commit, verify_tree
 from jetspec_jax.draft import drafter as drafters
 from jetspec_jax.draft.drafter import HeadConfig
@@ -34,47 +33,7 @@ from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.sharding import constrain_state
 
-from jetspec_jax.options import MAX_BUDGET  # jax-free: the CLI reads it
-
-
-@dataclasses.dataclass(frozen=True)
-class TreeSpec:
-    """How each round's tree is drafted: `budget` nodes (root included), fan-out `width`.
-
-    buckets / bucket_costs: adaptive budget (`adaptive.py`): each round picks one of these tree sizes, costs in seconds
-    per round; budget must then be the largest bucket (`jetspec_jax.costs.auto_tree_spec`
-    builds it)."""
-
-    budget: int = 64
-    width: int = 7
-    method: str = "accum_logp"
-    buckets: tuple[int, ...] = ()
-    bucket_costs: tuple[float, ...] = ()
-
-    def __post_init__(self):
-        if not 1 <= self.budget <= MAX_BUDGET:
-            raise ValueError(f"budget must be in [1, {MAX_BUDGET}], got {self.budget}")
-        if self.width < 1:
-            raise ValueError(f"tree width must be >= 1, got {self.width}")
-        if self.method not in METHODS:
-            raise ValueError(f"unknown tree method {self.method!r}; choose from {METHODS}")
-        if self.buckets or self.bucket_costs:
-            b, c = self.buckets, self.bucket_costs
-            if len(b) != len(c) or list(b) != sorted(set(b)) or b[0] < 1 or b[-1] != self.budget:
-                raise ValueError(f"buckets must be increasing sizes >= 1 ending at budget "
-                                 f"{self.budget}, one cost each; got {b} and costs {c}")
-            if not all(x > 0 for x in c):
-                raise ValueError(f"bucket costs must be > 0 seconds, got {c}")
-
-    @property
-    def draft_width(self) -> int:
-        """Top-k kept per depth: a chain keeps one."""
-        return 1 if self.method == "chain" else self.width
-
-    def draft_depths(self, block_depth: int) -> int:
-        """Depths worth drafting: those a tree of this budget can reach, at most the block's."""
-        return max(1, min(block_depth, reachable_depth(self.budget, self.draft_width,
-                                                       self.method)))
+from jetspec_jax.draft.tree_spec import TreeSpec
 
 
 def working_slots(budget: int, block_size: int) -> int:
