@@ -17,12 +17,12 @@ from jetspec_jax.decode.autoregressive import prefill
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import draft_specs
-from jetspec_jax.io.heads import read_draft_checkpoint
 from jetspec_jax.model import target
 from jetspec_jax.model.params import init_params
 from jetspec_jax.train import data as D
 from jetspec_jax.train.head_forward import head_logits, sample_anchors, target_pass
 from jetspec_jax.train.loss import distill_loss
+from jetspec_jax.train.head_kinds import HEADS
 from jetspec_jax.train.trainer import TrainConfig, read_metrics, train
 
 
@@ -173,7 +173,7 @@ def test_loss_decreases_and_head_is_saved(tiny, dataset, tmp_path, head):
     assert rows[-1]["loss"] < 0.6 * rows[0]["loss"]
     assert rows[-1]["acc"][0] > rows[0]["acc"][0]
     assert rows[-1]["eval"]["tau"] >= 1.0 and len(rows[-1]["eval"]["kl"]) == 3
-    dcfg, dparams = read_draft_checkpoint(tmp_path / "head")
+    dcfg, dparams = HEADS[head].load(tmp_path / "head")  # its kind's reader
     assert dcfg == result.dcfg
     jax.tree.map(np.testing.assert_array_equal, dparams, result.dparams)
 

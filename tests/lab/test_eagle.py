@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import test_train
 from helpers import random_prompts, tiny_target
 from jetspec_jax.decode.autoregressive import ar_generate, prefill
 from jetspec_jax.decode.sampling import Sampler
@@ -17,41 +18,14 @@ from jetspec_jax.io.checkpoints import read_info
 from jetspec_jax.model import target
 from jetspec_jax.model.params import init_params
 from jetspec_jax.train.head_forward import target_pass
-from jetspec_jax.train.trainer import read_metrics, train
 from lab import eagle, eagle_training as T
 from lab.__main__ import run as lab_command
-from test_train import CharTokenizer, DATA_KW, PROMPTS, train_config
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_target("dense", seed=2, vocab=16)
-
-
-@pytest.fixture(scope="module")
-def dataset(tiny, tmp_path_factory):
-    from jetspec_jax.train import data as D
-
-    tcfg, tp = tiny
-    root = tmp_path_factory.mktemp("data")
-    D.make_dataset(tp, tcfg, CharTokenizer(), PROMPTS[:8], root / "train", **DATA_KW)
-    D.make_dataset(tp, tcfg, CharTokenizer(), PROMPTS[8:], root / "heldout", **DATA_KW)
-    return root
+from test_train import dataset, tiny  # noqa: F401  (the fixtures: the same data)
 
 
 def test_loss_decreases_and_head_is_saved(tiny, dataset, tmp_path):
     """`test_train.py`'s test of the block heads, for the head kind "eagle"."""
-    tcfg, tp = tiny
-    cfg = train_config(dataset, tmp_path, head="eagle", eval_dir=str(dataset / "heldout"))
-    result = train(cfg, tp, tcfg, progress=False)
-    rows = read_metrics(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
-    assert rows[-1]["loss"] < 0.6 * rows[0]["loss"]
-    assert rows[-1]["acc"][0] > rows[0]["acc"][0]
-    assert rows[-1]["eval"]["tau"] >= 1.0 and len(rows[-1]["eval"]["kl"]) == 3
-    dcfg, dparams = T.load_eagle(tmp_path / "head")
-    assert dcfg == result.dcfg
-    jax.tree.map(np.testing.assert_array_equal, dparams, result.dparams)
+    test_train.test_loss_decreases_and_head_is_saved(tiny, dataset, tmp_path, "eagle")
 
 
 def test_the_lab_command_trains_the_lab_heads(tiny, dataset, tmp_path, capsys):
