@@ -1,7 +1,7 @@
-"""Drafting variants at equal budgets: the per-depth tree (the paper's drafter), the
-path-conditioned tree (`jetspec_jax/draft/path.py`) and the adaptive budget
-(`jetspec_jax/decode/adaptive.py`, buckets up to the budget), each against autoregressive decoding
-of the same batch. Greedy; outputs are compared token for token with autoregressive decoding.
+"""Drafting variants at equal budgets: the per-depth tree (the paper's drafter) and the adaptive
+budget (`jetspec_jax/decode/adaptive.py`, buckets up to the budget), each against autoregressive
+decoding of the same batch. Greedy; outputs are compared token for token with autoregressive
+decoding.
 
 Prompts come from the benchmark sets of `bench.common.prompts`. Per
 benchmark and budget it reports tau (tokens committed per round), tok/s, the speedup over
@@ -41,12 +41,8 @@ from jetspec_jax.draft import head as draft_head
 from jetspec_jax.model import params as P
 from jetspec_jax.options import GPU_BUCKETS
 
-MODES = {  # name -> (draft_mode, adaptive)
-    "per_depth": ("per_depth", False),
-    "path": ("path", False),
-    "adaptive": ("per_depth", True),
-    "adaptive_path": ("path", True),
-}
+MODES = {"per_depth": False, "adaptive": True}  # name -> adaptive
+COSTS = "per_depth"  # the key of the round-cost table in a result's "costs" (the drafter's)
 
 
 def random_draft(target: api.Target, seed: int) -> api.Draft:
@@ -73,12 +69,10 @@ def generated(out) -> list[list[int]]:
 
 
 def tree_spec(mode: str, budget: int, width: int, costs: dict) -> TreeSpec:
-    draft_mode, is_adaptive = MODES[mode]
-    if not is_adaptive:
-        return TreeSpec(budget, width, draft_mode=draft_mode)
-    table = {b: t for b, t in costs[draft_mode].items() if b <= budget}
-    return round_costs.auto_tree_spec(table or {budget: 1.0}, width=width,
-                                      draft_mode=draft_mode)
+    if not MODES[mode]:
+        return TreeSpec(budget, width)
+    table = {b: t for b, t in costs[COSTS].items() if b <= budget}
+    return round_costs.auto_tree_spec(table or {budget: 1.0}, width=width)
 
 
 def bench_one(target, draft, ids, args, costs, kernels, done=frozenset()):
@@ -96,7 +90,7 @@ def bench_one(target, draft, ids, args, costs, kernels, done=frozenset()):
     ar_tps = sum(map(len, ar_tokens)) / ar_s
     for budget, mode in todo:
         spec = tree_spec(mode, budget, args.width, costs)
-        extra = working_slots(spec.budget, draft.dcfg.block_size, spec.draft_mode)
+        extra = working_slots(spec.budget, draft.dcfg.block_size)
         batch = api.make_batch(target, ids, args.max_new_tokens, extra)
         (out, stats), compile_s, seconds = run_timed(
             spec_generate, (target.params, draft.params, batch.prompt, batch.lens, key),
@@ -180,11 +174,10 @@ def main():
         done = {(r["budget"], r["mode"]) for r in result["rows"] if r["benchmark"] == name}
         costs = {m: {int(b): t for b, t in table.items()}  # JSON keys are strings
                  for m, table in result["costs"].get(name, {}).items()}
-        for draft_mode in {MODES[m][0] for m in args.modes if MODES[m][1]} - set(costs):
-            costs[draft_mode] = round_costs.measure_costs(
+        if any(MODES[m] for m in args.modes) and COSTS not in costs:
+            costs[COSTS] = round_costs.measure_costs(
                 target.params, target.cfg, draft.params, draft.dcfg, buckets=buckets,
-                width=args.width, draft_mode=draft_mode, batch=len(ids), context_len=context,
-                kernels=kernels)
+                width=args.width, batch=len(ids), context_len=context, kernels=kernels)
         result["costs"][name] = costs
         for row in bench_one(target, draft, ids, args, costs, kernels, done):
             row.update(benchmark=name, num_prompts=len(ids))

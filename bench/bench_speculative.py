@@ -32,7 +32,7 @@ from jetspec_jax.decode.speculative import (
     spec_generate,
     speculative_round,
 )
-from jetspec_jax.decode.tree import build_trees, topk_from_logits
+from jetspec_jax.draft.tree import build_trees, topk_from_logits
 from jetspec_jax.decode.verify import accept, commit, verify_tree
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.model import config, params as P

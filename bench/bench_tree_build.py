@@ -1,11 +1,11 @@
-"""Time the on-device draft-tree builder (`jetspec_jax.decode.tree`) alone: the sorted builder and the
-best-first pop loop (build_trees uses the loop only on the CPU, for top2gap and small trees),
-optionally another revision.
+"""Time the on-device draft-tree builder (`jetspec_jax.draft.tree`) alone: the sorted builder and
+the best-first pop loop (build_trees uses the loop only on the CPU, for top2gap and small
+trees), optionally another revision.
 
 Each timed call runs `--inner` builds inside one jitted `lax.fori_loop`, so dispatch cancels;
 a row reports the median over `--repeats` calls (after warm-up) divided by `--inner`. Every
 build depends on the loop index through a runtime zero, so XLA cannot hoist it out of the loop.
-`--compare REV` adds `build_trees` of `git show REV:jetspec_jax/decode/tree.py` (or of a file path),
+`--compare REV` adds `build_trees` of `git show REV:jetspec_jax/draft/tree.py` (or of a file path),
 loaded as a module of its own.
 
   python -m bench.bench_tree_build --out bench/results/tree_build/tree_build_cpu.json
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jetspec_jax.decode import tree
+from jetspec_jax.draft import tree
 from bench.common.results_io import command_line, write_json
 from bench.common.timing import median_seconds
 
@@ -47,7 +47,7 @@ def load_build_trees(rev: str):
     if os.path.exists(rev):
         source = Path(rev).read_text()
     else:
-        source = subprocess.run(["git", "show", f"{rev}:jetspec_jax/decode/tree.py"], cwd=ROOT,
+        source = subprocess.run(["git", "show", f"{rev}:jetspec_jax/draft/tree.py"], cwd=ROOT,
                                 check=True, capture_output=True, text=True).stdout
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tree_compare.py"

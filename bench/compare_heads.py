@@ -40,11 +40,12 @@ from jetspec_jax import api
 from jetspec_jax.decode.autoregressive import prefill
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
-from jetspec_jax.decode.tree import build_trees, topk_from_logits
+from jetspec_jax.draft.tree import build_trees, topk_from_logits
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.model import target as target_model
 from jetspec_jax.model.cache import KVCache
-from jetspec_jax.train import eagle
+from lab import eagle
+from lab.eagle_training import load_eagle
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS = {  # name -> (kind, default path, label)
@@ -455,7 +456,7 @@ def main():
         path = getattr(args, name)
         paths[name] = path
         if kind == "eagle":
-            ecfg, eparams = eagle.load_eagle(ROOT / path if not Path(path).is_absolute() else path)
+            ecfg, eparams = load_eagle(ROOT / path if not Path(path).is_absolute() else path)
             ecfg = dataclasses.replace(ecfg, depth=args.eagle_depth or ecfg.depth)
             eparams = jax.tree.map(lambda x: jnp.asarray(x, args.dtype), eparams)
             heads[name] = (kind, (ecfg, eparams))

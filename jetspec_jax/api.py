@@ -93,9 +93,9 @@ class Options:
     auto: bool = False  # budget="auto"
 
 
-def decoding_options(*, budget=None, width=7, tree="accum_logp", draft_mode="per_depth",
-                     temperature=0.0, top_k=0, top_p=1.0, attn_impl="auto",
-                     matmul_impl="auto", draft: Draft | None = None) -> Options:
+def decoding_options(*, budget=None, width=7, tree="accum_logp", temperature=0.0, top_k=0,
+                     top_p=1.0, attn_impl="auto", matmul_impl="auto",
+                     draft: Draft | None = None) -> Options:
     """Validates the decoding flags (cheap: the CLI calls it before loading a model).
     budget None: `default_budget(draft)`."""
     auto = isinstance(budget, str) and budget == "auto"
@@ -103,7 +103,7 @@ def decoding_options(*, budget=None, width=7, tree="accum_logp", draft_mode="per
         raise ValueError(f"budget must be a number of tree nodes or 'auto', got {budget!r}")
     if budget is None:
         budget = default_budget(draft)
-    spec = TreeSpec(max(auto_buckets()) if auto else budget, width, tree, draft_mode)
+    spec = TreeSpec(max(auto_buckets()) if auto else budget, width, tree)
     kernels_lib.choose(attn_impl, matmul_impl)  # names and the machine checked up front
     return Options(Sampler(temperature, top_k, top_p), spec, attn_impl, matmul_impl, auto)
 
@@ -226,19 +226,18 @@ def adaptive_spec(target: Target, draft: Draft, tparams, dparams, prompt, spec: 
     (`costs.measure_costs`: it depends on shapes, not weights). -> (spec, seconds spent
     measuring, 0 when cached)."""
     key = (target.cfg, target.dtype, draft.dcfg, dparams["fc"].dtype, prompt.shape,
-           spec.width, spec.method, spec.draft_mode, kernels, mesh, auto_buckets())
+           spec.width, spec.method, kernels, mesh, auto_buckets())
     seconds = 0.0
     if key not in _COSTS:
         start = time.perf_counter()
         with sharding.use(mesh):
             _COSTS[key] = costs.measure_costs(
                 tparams, target.cfg, dparams, draft.dcfg, buckets=auto_buckets(),
-                width=spec.width, method=spec.method, draft_mode=spec.draft_mode,
-                batch=prompt.shape[0], context_len=prompt.shape[1], kernels=kernels,
+                width=spec.width, method=spec.method, batch=prompt.shape[0],
+                context_len=prompt.shape[1], kernels=kernels,
                 cache_dtype=target.dtype)
         seconds = time.perf_counter() - start
-    return costs.auto_tree_spec(_COSTS[key], width=spec.width, method=spec.method,
-                                   draft_mode=spec.draft_mode), seconds
+    return costs.auto_tree_spec(_COSTS[key], width=spec.width, method=spec.method), seconds
 
 
 # ---- the verbs -------------------------------------------------------------------------------
@@ -264,23 +263,21 @@ class _Run:
 
 def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: int = 128,
              budget: int | str | None = None, width: int = 7, tree: str = "accum_logp",
-             draft_mode: str = "per_depth", temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int = 0, chat: bool = True,
-             stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             chat: bool = True, stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
              matmul_impl: str = "auto", mesh=None, prefill_chunk: int = PREFILL_CHUNK) -> _Run:
     """`generate`'s options checked, the prompts encoded and batched, and the weights and
     batch placed on the mesh."""
-    opts = decoding_options(budget=budget, width=width, tree=tree, draft_mode=draft_mode,
-                            temperature=temperature, top_k=top_k, top_p=top_p,
-                            attn_impl=attn_impl, matmul_impl=matmul_impl, draft=draft)
+    opts = decoding_options(budget=budget, width=width, tree=tree, temperature=temperature,
+                            top_k=top_k, top_p=top_p, attn_impl=attn_impl,
+                            matmul_impl=matmul_impl, draft=draft)
     if draft is not None:
         check_fits(draft, target)
     ids = encode_prompts(target, prompts, chat=chat)
     if stop_ids is None:
         stop_ids = (target.tokenizer and target.tokenizer.eos_token_ids) or target.cfg.eos_token_ids
     spec = opts.tree_spec
-    extra = 1 if draft is None else working_slots(spec.budget, draft.dcfg.block_size,
-                                                  spec.draft_mode)
+    extra = 1 if draft is None else working_slots(spec.budget, draft.dcfg.block_size)
     batch = make_batch(target, ids, max_new_tokens, extra)
     mesh = target.mesh if mesh is None else sharding.as_mesh(mesh)
     tparams, dparams = target.params, draft and draft.params
@@ -306,16 +303,14 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
 def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]], *,
              draft: Draft | None = None, max_new_tokens: int = 128,
              budget: int | str | None = None, width: int = 7, tree: str = "accum_logp",
-             draft_mode: str = "per_depth", temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int = 0, chat: bool = True,
-             stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             chat: bool = True, stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
              matmul_impl: str = "auto", compare_autoregressive: bool = False, mesh=None,
              prefill_chunk: int = PREFILL_CHUNK) -> GenerationResult:
     """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
 
     budget: tree nodes per round (None: `default_budget(draft)`), or "auto": each round picks its
     tree size from `auto_buckets()` by expected tokens per second (`adaptive_spec`);
-    draft_mode: "per_depth" or "path" (path-conditioned trees, docs/experiments.md);
     chat: wrap text prompts in the chat template; stop_ids: None means the tokenizer's eos
     ids; attn_impl, matmul_impl: kernel names (`jetspec_jax.model.kernels`; "auto": the
     fastest measured for the model on this machine); compare_autoregressive: also time
@@ -325,7 +320,7 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
     big batches; `decode.prefill` refuses a bad one while tracing, before
     anything compiles)."""
     run = _prepare(target, prompts, draft, max_new_tokens=max_new_tokens, budget=budget,
-                   width=width, tree=tree, draft_mode=draft_mode, temperature=temperature,
+                   width=width, tree=tree, temperature=temperature,
                    top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop_ids=stop_ids,
                    attn_impl=attn_impl, matmul_impl=matmul_impl, mesh=mesh,
                    prefill_chunk=prefill_chunk)
@@ -389,18 +384,17 @@ def _decoded(target: Target, out) -> tuple[list[str], list[list[int]]]:
 
 def bench(target: Target, prompts, *, draft: Draft,
           budgets: Sequence[int | str] = (4, 8, 16, 32, 64), max_new_tokens: int = 128,
-          width: int = 7, tree: str = "accum_logp", draft_mode: str = "per_depth",
-          chat: bool = True, attn_impl: str = "auto", progress: bool = True) -> list[dict]:
+          width: int = 7, tree: str = "accum_logp", chat: bool = True, attn_impl: str = "auto",
+          progress: bool = True) -> list[dict]:
     """Greedy speculative vs autoregressive decoding of the same batch, for each budget (a
     number of tree nodes or "auto"; each pair timed back to back) -> one row per budget, with
     the rounds per tree size (`bucket_mix`)."""
     for b in budgets:  # every budget checked before anything runs
-        decoding_options(budget=b, width=width, tree=tree, draft_mode=draft_mode,
-                         attn_impl=attn_impl)
+        decoding_options(budget=b, width=width, tree=tree, attn_impl=attn_impl)
     rows = []
     for b in tqdm(budgets, desc="bench", unit="budget", disable=not progress):
         r = generate(target, prompts, draft=draft, max_new_tokens=max_new_tokens, budget=b,
-                     width=width, tree=tree, draft_mode=draft_mode, chat=chat,
+                     width=width, tree=tree, chat=chat,
                      attn_impl=attn_impl, compare_autoregressive=True)
         rows.append(dict(budget=b, tau=r.tau_mean, tau_hist=r.tau_hist, tokens=r.num_generated,
                          seconds=r.seconds, tokens_per_s=r.tokens_per_s,

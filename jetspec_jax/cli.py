@@ -4,7 +4,7 @@ wrappers over `jetspec_jax.api`, `jetspec_jax.serve` and `jetspec_jax.train`).
     jetspec generate                      # SmolLM2-135M-Instruct, built-in prompt
     jetspec generate --prompt "Hi!" --draft checkpoints/smollm2-135m-jetspec --compare
     jetspec convert path/to/Qwen3-8B checkpoints/qwen3-8b --dtype bfloat16
-    jetspec generate --draft-mode path --budget auto
+    jetspec generate --budget auto
     jetspec generate --stream --prompt "Tell me a story."
     jetspec bench --budgets 8 16 32 64 auto --out bench.json
     jetspec serve --port 8000 --max-batch 16     # OpenAI-compatible HTTP server
@@ -41,8 +41,10 @@ BENCH_PROMPTS = (
 DTYPES = sorted(options.DTYPE_NAMES)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, train_heads: tuple[str, ...] = ()) -> int:
+    """train_heads: what train-draft --head takes beside the block heads (kinds registered in
+    `jetspec_jax.train.head_kinds` by the caller, e.g. `python -m lab`)."""
+    args = build_parser(train_heads).parse_args(argv)
     try:
         getattr(args, "check", lambda a: None)(args)  # no JAX yet: paths, files, numbers
         if getattr(args, "no_cache", False):
@@ -71,7 +73,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(train_heads: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="jetspec", description="JetSpec speculative decoding for Qwen3-family models.")
     parser.add_argument("--debug", action="store_true",
@@ -82,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_parser(sub)
     _serve_parser(sub)
     _train_data_parser(sub)
-    _train_draft_parser(sub)
+    _train_draft_parser(sub, tuple(sorted({*TRAIN_HEADS, *train_heads})))
     _cache_parser(sub)
     return parser
 
@@ -135,9 +137,16 @@ def _check_parent(path: Path, flag: str) -> None:
         raise PermissionError(f"{flag} {path}: the directory {parent} is not writable")
 
 
-def check_numbers(**values) -> None:
-    """Every decoding number in range, all problems in one line."""
-    if problems := options.decoding_problems(**values):
+def check_numbers(*, max_new_tokens: int = 1, budget: int | str | None = None, width: int = 1,
+                  **values) -> None:
+    """Every decoding number in range, all problems in one line, in flag order (the tree's by
+    `TreeSpec`)."""
+    from jetspec_jax.draft.tree_spec import TreeSpec  # jax-free
+
+    problems = (options.decoding_problems(max_new_tokens=max_new_tokens)
+                + TreeSpec.problems(budget if isinstance(budget, int) else None, width)
+                + options.decoding_problems(**values))
+    if problems:
         raise ValueError("; ".join(problems))
 
 
@@ -185,7 +194,7 @@ def check_convert(args) -> None:
         raise ValueError(f"--shard-mib {args.shard_mib} needs --head and a positive size")
     check_out_dir(args.dst, "DST")
     if args.head:
-        if not sources.is_ours(Path(args.src)):  # ours may hold an EAGLE-style head
+        if not sources.is_ours(Path(args.src)):  # ours may hold a head of another kind
             sources.check_draft_source(args.src)
     else:
         sources.check_target_source(args.src)
@@ -196,22 +205,17 @@ def run_convert(args) -> None:
 
     dtype = api.resolve_dtype(args.dtype)
     if args.head:
-        from jetspec_jax.io import heads as head_io
         from jetspec_jax.io.checkpoints import read_info
-        from jetspec_jax.train import eagle
-
         from jetspec_jax.io.shards import is_shard_export, read_shards
+        from jetspec_jax.train import head_kinds
 
         meta = (Path(args.src) / "metadata.json").is_file() and read_info(args.src)[1]
         kind = meta.get("kind") if meta else is_shard_export(args.src) and read_shards(
             args.src)[0]
         max_bytes = int(args.shard_mib * 2**20) if args.shard_mib else None
-        if kind == eagle.KIND:  # an EAGLE-style baseline head
-            dst = eagle.convert_eagle(args.src, args.dst, dtype=dtype, overwrite=args.overwrite,
-                                      max_bytes=max_bytes)
-        else:
-            dst = head_io.convert_head(args.src, args.dst, dtype=dtype, overwrite=args.overwrite,
-                                       progress=True, max_bytes=max_bytes)
+        dst = head_kinds.of_checkpoint(kind).convert(args.src, args.dst, dtype=dtype,
+                                                      overwrite=args.overwrite,
+                                                      max_bytes=max_bytes)
     else:
         from jetspec_jax.io.convert import convert
 
@@ -251,10 +255,6 @@ def _model_flags(p, *, without_head: str) -> None:
                    help="tree builder: accum_logp (best nodes by path log-probability), top2gap "
                    "(branch where the draft is unsure), chain (a single path) "
                    "(default: %(default)s)")
-    p.add_argument("--draft-mode", choices=options.DRAFT_MODES, default="per_depth",
-                   help="per_depth: the tree from the head's per-depth guesses; path: then "
-                   "re-grown from a second head pass conditioned on each node's own path "
-                   "(docs/experiments.md) (default: %(default)s)")
     p.add_argument("--attn-impl", default="auto", metavar="|".join(options.ATTN_IMPLS),
                    help="attention kernel: auto is fused_decode on a GPU (one-token steps in "
                    "one kernel: q/k norm, RoPE, cache write and attention; the rest through "
@@ -458,14 +458,14 @@ def run_generate(args) -> None:
 
     prompts = args.prompts
     api.decoding_options(budget=args.budget, width=args.width, tree=args.tree,
-                         draft_mode=args.draft_mode, temperature=args.temperature,
-                         top_k=args.top_k, top_p=args.top_p, attn_impl=args.attn_impl)
+                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         attn_impl=args.attn_impl)
     target, draft = _load(args)
     if args.compare and draft is None:
         print("note: --compare needs a draft head; nothing to compare with", file=sys.stderr)
     options = dict(draft=draft, max_new_tokens=args.max_new_tokens, budget=args.budget,
-                   width=args.width, tree=args.tree, draft_mode=args.draft_mode,
-                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   width=args.width, tree=args.tree, temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, chat=not args.no_chat, attn_impl=args.attn_impl,
                    prefill_chunk=args.prefill_chunk)
     if args.stream:
@@ -507,15 +507,13 @@ def run_bench(args) -> None:
     prompts = args.prompts
     for budget in args.budgets:
         api.decoding_options(budget=budget, width=args.width, tree=args.tree,
-                             draft_mode=args.draft_mode, attn_impl=args.attn_impl)
+                             attn_impl=args.attn_impl)
     target, draft = _load(args)
     rows = api.bench(target, prompts, draft=draft, budgets=args.budgets,
                      max_new_tokens=args.max_new_tokens, width=args.width, tree=args.tree,
-                     draft_mode=args.draft_mode, chat=not args.no_chat,
-                     attn_impl=args.attn_impl)
+                     chat=not args.no_chat, attn_impl=args.attn_impl)
     print(f"{target.name}, draft {draft.path}, {len(prompts)} prompts, "
-          f"{args.max_new_tokens} new tokens, tree {args.tree}, width {args.width}, "
-          f"draft mode {args.draft_mode}")
+          f"{args.max_new_tokens} new tokens, tree {args.tree}, width {args.width}")
     print(f"{'budget':>6} {'tau':>6} {'tok/s':>9} {'AR tok/s':>9} {'speedup':>8} identical")
     for r in rows:
         same = "yes" if r["identical"] else "NO"
@@ -526,7 +524,6 @@ def run_bench(args) -> None:
     if args.out:
         info = dict(model=args.model, draft=draft.path, prompts=prompts,
                     max_new_tokens=args.max_new_tokens, tree=args.tree, width=args.width,
-                    draft_mode=args.draft_mode,
                     attn_impl=api.resolve_kernels(target, args.attn_impl,
                                                   mesh=target.mesh).attention,
                     dtype=args.dtype, backend=jax.default_backend(), mesh=args.mesh, rows=rows)
@@ -642,20 +639,20 @@ def run_train_data(args) -> None:
 
 # TrainConfig's defaults, kept here so that the flag table needs no JAX (a test holds them
 # equal to `jetspec_jax.train.trainer.TrainConfig`'s).
-TRAIN_HEADS = ("dflash", "eagle", "jetspec")
+TRAIN_HEADS = ("dflash", "jetspec")
 TRAIN_DEFAULTS = dict(head="jetspec", head_layers=5, block_size=16, num_taps=5, steps=2000,
                       batch_size=8, num_anchors=16, warmup_steps=100, anchor_chunk=32,
                       ckpt_every=200, log_every=10, eval_every=200, eval_batches=4,
                       tau_prompts=4, tau_max_new=64, tree_budget=64, start_step=None, seed=0,
                       lr=6e-4, gamma=7.0, depth1_weight=None, peak_flops=7.9e14,
-                      prefix_fill=0.0, draft_vocab=None, teacher_top_k=32)
+                      draft_vocab=None, teacher_top_k=32)
 
 
-def _train_draft_parser(sub) -> None:
+def _train_draft_parser(sub, heads: tuple[str, ...]) -> None:
     d = argparse.Namespace(**TRAIN_DEFAULTS)
     p = _subparser(sub, "train-draft", "train a draft head against a frozen target",
                    "Trains a JetSpec head (causal parallel drafting; or the DFlash "
-                   "bidirectional or EAGLE-style autoregressive baselines) on data from "
+                   "bidirectional baseline) on data from "
                    "train-data with forward KL to the target. Checkpoints go to OUT/checkpoints "
                    "and a rerun resumes from the latest; metrics to OUT/metrics.jsonl; the "
                    "final head to OUT/head.")
@@ -664,8 +661,9 @@ def _train_draft_parser(sub) -> None:
     p.add_argument("--data", required=True, metavar="DIR", help="train-data output")
     p.add_argument("--eval-data", metavar="DIR", help="held-out train-data output")
     p.add_argument("--out", required=True, metavar="DIR", help="run directory")
-    p.add_argument("--head", choices=TRAIN_HEADS, default=d.head,
-                   help="jetspec (causal), dflash (bidirectional) or eagle (default: %(default)s)")
+    p.add_argument("--head", choices=heads, default=d.head,
+                   help="jetspec (causal), dflash (bidirectional); `python -m lab` adds the "
+                   "lab's heads (default: %(default)s)")
     for name, help_ in [("head_layers", "decoder layers of the head"),
                         ("block_size", "block slots: the anchor + drafted depths"),
                         ("num_taps", "target layers tapped for features"),
@@ -712,10 +710,6 @@ def _train_draft_parser(sub) -> None:
     p.add_argument("--peak-tflops", type=float, default=d.peak_flops / 1e12, metavar="TF",
                    help="peak rate per device for the logged model-FLOP utilisation "
                    "(default: %(default)s, the H200's bfloat16)")
-    p.add_argument("--prefix-fill", type=float, default=d.prefix_fill, metavar="P",
-                   help="probability in [0, 1] that a training block holds a prefix of true "
-                   "tokens, for --draft-mode path; jetspec and dflash heads only "
-                   "(default: %(default)s)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="dtype of the target's weights (default: %(default)s)")
     p.add_argument("--time-limit", type=float, metavar="MINUTES",

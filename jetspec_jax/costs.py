@@ -18,7 +18,7 @@ from jetspec_jax.options import GPU_BUCKETS
 
 
 def measure_costs(tparams, tcfg, dparams, dcfg, *, buckets=GPU_BUCKETS, width: int = 7,
-                  method: str = "accum_logp", draft_mode: str = "per_depth", batch: int = 1,
+                  method: str = "accum_logp", batch: int = 1,
                   context_len: int = 256, kernels: Kernels = Kernels(), cache_dtype=None,
                   repeats: int = 10, seed: int = 0) -> dict[int, float]:
     """{bucket: seconds} of one speculative round (draft, tree, verify, accept, commit) at a
@@ -27,7 +27,7 @@ def measure_costs(tparams, tcfg, dparams, dcfg, *, buckets=GPU_BUCKETS, width: i
     the cost does not depend on the values."""
     blk = dcfg.block_size
     max_new = 2 * blk
-    slots = context_len + max_new + speculative.working_slots(max(buckets), blk, draft_mode)
+    slots = context_len + max_new + speculative.working_slots(max(buckets), blk)
     static = dict(max_new=max_new, sampler=Sampler(), stop_ids=(), kernels=kernels)
     prompt = jax.random.randint(jax.random.key(seed), (batch, context_len), 0, tcfg.vocab_size,
                                 jnp.int32)
@@ -39,7 +39,7 @@ def measure_costs(tparams, tcfg, dparams, dcfg, *, buckets=GPU_BUCKETS, width: i
                  num_slots=slots, cache_dtype=cache_dtype or tparams["embed"].dtype, **static)
     table = {}
     for b in buckets:
-        spec = TreeSpec(b, width, method, draft_mode)
+        spec = TreeSpec(b, width, method)
         step = jax.jit(lambda tp, dp, s, spec=spec: speculative.speculative_round(
             tp, tcfg, dp, dcfg, s, tree_spec=spec, **static))
         for _ in range(2):
@@ -53,10 +53,9 @@ def measure_costs(tparams, tcfg, dparams, dcfg, *, buckets=GPU_BUCKETS, width: i
     return table
 
 
-def auto_tree_spec(costs: dict[int, float], *, width: int = 7, method: str = "accum_logp",
-                   draft_mode: str = "per_depth"):
+def auto_tree_spec(costs: dict[int, float], *, width: int = 7, method: str = "accum_logp"):
     """The TreeSpec of `budget="auto"`: buckets and their costs from a `measure_costs` table;
     the budget (what cache sizing sees) is the largest bucket."""
     buckets = tuple(sorted(costs))
-    return TreeSpec(budget=buckets[-1], width=width, method=method, draft_mode=draft_mode,
-                    buckets=buckets, bucket_costs=tuple(float(costs[b]) for b in buckets))
+    return TreeSpec(budget=buckets[-1], width=width, method=method, buckets=buckets,
+                    bucket_costs=tuple(float(costs[b]) for b in buckets))

@@ -7,7 +7,6 @@ from __future__ import annotations
 DEFAULT_MODEL = "smollm2-135m"
 DTYPE_NAMES = ("bfloat16", "float32")
 TREE_METHODS = ("accum_logp", "top2gap", "chain")
-DRAFT_MODES = ("per_depth", "path")
 MAX_BUDGET = 1024  # tree nodes verified per round at most
 PREFILL_CHUNK = 256  # prompt tokens per prefill pass
 GPU_BUCKETS = (16, 32, 64, 128, 256)  # tree sizes budget="auto" picks from on a GPU
@@ -24,19 +23,13 @@ def check_kernel_name(kind: str, name: str, names: tuple[str, ...]) -> None:
         raise ValueError(f"unknown {kind} kernel {name!r}; choose from {', '.join(names)}")
 
 
-def decoding_problems(*, max_new_tokens=1, budget=None, width=1, temperature=0.0, top_k=0,
-                      top_p=1.0, prefill_chunk=PREFILL_CHUNK) -> list[str]:
-    """Every decoding number out of its range, one message each (empty: all fine)."""
+def decoding_problems(*, max_new_tokens=1, temperature=0.0, top_k=0, top_p=1.0,
+                      prefill_chunk=PREFILL_CHUNK) -> list[str]:
+    """Every decoding number out of its range, one message each (empty: all fine); the tree's
+    own (budget, width) are `draft.tree_spec.TreeSpec.problems`."""
     problems = []
     if max_new_tokens < 1:
         problems.append(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if budget is not None and budget != "auto":
-        if isinstance(budget, str):
-            problems.append(f"budget must be a number of tree nodes or 'auto', got {budget!r}")
-        elif not 1 <= budget <= MAX_BUDGET:
-            problems.append(f"budget must be in [1, {MAX_BUDGET}], got {budget}")
-    if width < 1:
-        problems.append(f"tree width must be >= 1, got {width}")
     if temperature < 0:
         problems.append(f"temperature must be >= 0, got {temperature}")
     if top_k < 0:

@@ -93,8 +93,7 @@ class GenerationResult:
             budget = (f"auto (buckets {', '.join(map(str, t.buckets))})" if t.buckets
                       else t.budget)
             lines.append(f"speculative: draft {self.draft}, budget {budget}, width {t.width}, "
-                         f"tree {t.method}, draft mode {t.draft_mode}, attention "
-                         f"{self.attn_impl}")
+                         f"tree {t.method}, attention {self.attn_impl}")
             taus = ", ".join(f"{x:.2f}" for x in self.tau)
             lines.append(f"  tau {self.tau_mean:.2f} tokens per round"
                          + (f" (per prompt: {taus})" if len(self.tau) > 1 else "")

@@ -20,8 +20,8 @@
 #   LR [6e-4]  WARMUP [100]  GAMMA [7]  DEPTH1_WEIGHT [none]  NORM_FROM_TARGET [0 | 1]
 #   DRAFT_VOCAB [none] token ids the head drafts (the answers' most frequent)
 #   EVAL_EVERY [600]  TAU_PROMPTS [64]  TAU_MAX_NEW [64]  TAU_BUDGET [64]  CKPT_EVERY [300]
-#   DTYPE [bfloat16]  HEAD [jetspec | dflash | eagle]  MESH [none, e.g. data=2]
-#   PREFIX_FILL [0] share of blocks trained with a true-token prefix (path drafting; not eagle)
+#   DTYPE [bfloat16]  HEAD [jetspec | dflash | eagle (the lab's: `python -m lab`)]
+#   MESH [none, e.g. data=2]
 #   TIME_LIMIT [minutes of training, none] or DEADLINE [unix time training must end by]
 #   INIT_HEAD [none] head directory or files (globs expand)  START_STEP [the files' step]
 #   EXPORT [RUN/HEAD-export]  EXPORT_DTYPE [bfloat16]  SHARD_MIB [15]
@@ -30,6 +30,8 @@ RUN=${RUN:-runs/default-head}
 PY=${PY:-python3}
 STAGES=${STAGES:-data train export}
 head=${HEAD:-jetspec}
+cli=jetspec_jax.cli  # the lab's heads train and export through `python -m lab`
+if [[ $head == eagle ]]; then cli=lab; fi
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
 if has data; then
@@ -61,17 +63,17 @@ if has train; then
     extra+=(--init-head "${init[@]}")
     [[ -n "${START_STEP:-}" ]] && extra+=(--start-step "$START_STEP")
   fi
-  $PY -m jetspec_jax.cli train-draft --data "$RUN/data" --eval-data "$RUN/heldout" \
+  $PY -m "$cli" train-draft --data "$RUN/data" --eval-data "$RUN/heldout" \
       --out "$RUN/$head" --head "$head" --head-layers "${LAYERS:-3}" --block-size "${BLOCK:-16}" \
       --batch-size "${BATCH:-32}" --num-anchors "${ANCHORS:-256}" \
       --anchor-chunk "${ANCHOR_CHUNK:-32}" --steps "${STEPS:-2400}" --lr "${LR:-6e-4}" \
       --warmup-steps "${WARMUP:-100}" --gamma "${GAMMA:-7}" --eval-every "${EVAL_EVERY:-600}" \
       --tau-prompts "${TAU_PROMPTS:-64}" --tau-max-new "${TAU_MAX_NEW:-64}" \
       --tree-budget "${TAU_BUDGET:-64}" --ckpt-every "${CKPT_EVERY:-300}" \
-      --prefix-fill "${PREFIX_FILL:-0}" --dtype "${DTYPE:-bfloat16}" "${extra[@]}"
+      --dtype "${DTYPE:-bfloat16}" "${extra[@]}"
 fi
 
 if has export; then
-  $PY -m jetspec_jax.cli convert --head "$RUN/$head/head" "${EXPORT:-$RUN/$head-export}" \
+  $PY -m "$cli" convert --head "$RUN/$head/head" "${EXPORT:-$RUN/$head-export}" \
       --shard-mib "${SHARD_MIB:-15}" --dtype "${EXPORT_DTYPE:-bfloat16}" --overwrite
 fi

@@ -17,7 +17,7 @@ from jetspec_jax import costs
 from jetspec_jax.decode import adaptive
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec
-from jetspec_jax.decode.tree import build_trees, topk_from_logits
+from jetspec_jax.draft.tree import build_trees, topk_from_logits
 
 BUCKETS = (4, 8, 16)
 
@@ -90,23 +90,22 @@ def test_chooser_extremes():
 
 
 ADAPTIVE_CASES = [
-    # (target kind, costs of BUCKETS, draft mode, block size, width, method)
-    ("dense", (1.0, 1.15, 1.5), "per_depth", 6, 3, "accum_logp"),
-    ("moe", (1.0, 1.0, 1.0), "per_depth", 5, 4, "top2gap"),
-    ("llama", (1.0, 1.1, 1.3), "path", 8, 3, "accum_logp"),
+    # (target kind, costs of BUCKETS, block size, width, method)
+    ("dense", (1.0, 1.15, 1.5), 6, 3, "accum_logp"),
+    ("moe", (1.0, 1.0, 1.0), 5, 4, "top2gap"),
+    ("llama", (1.0, 1.1, 1.3), 8, 3, "accum_logp"),
 ]
 
 
-@pytest.mark.parametrize("kind,costs,mode,block,width,method", ADAPTIVE_CASES)
+@pytest.mark.parametrize("kind,costs,block,width,method", ADAPTIVE_CASES)
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**16))
-def test_adaptive_greedy_equals_autoregressive(kind, costs, mode, block, width, method, seed):
+def test_adaptive_greedy_equals_autoregressive(kind, costs, block, width, method, seed):
     rng = np.random.default_rng(seed)
     tcfg, tp = tiny_target(kind, seed=seed % 5, vocab=8)
     dcfg, dp = tiny_head(tcfg, seed=seed % 3 + 7, block_size=block)
     prompt, lens = random_prompts(rng, 3, 7, tcfg.vocab_size)
-    spec = TreeSpec(BUCKETS[-1], width, method, draft_mode=mode, buckets=BUCKETS,
-                    bucket_costs=costs)
+    spec = TreeSpec(BUCKETS[-1], width, method, buckets=BUCKETS, bucket_costs=costs)
     ar, sd, stats = run_both(tcfg, tp, dcfg, dp, prompt, lens, spec)
     assert_same(ar, sd)
     check_stats(sd, stats)
@@ -146,8 +145,7 @@ def test_measure_costs_and_auto_tree_spec():
 @pytest.mark.parametrize("kw", [dict(budget=16, buckets=(4, 8), bucket_costs=(1.0, 1.0)),
                                 dict(budget=16, buckets=(16, 4), bucket_costs=(1.0, 1.0)),
                                 dict(budget=16, buckets=(4, 16), bucket_costs=(1.0,)),
-                                dict(budget=16, buckets=(4, 16), bucket_costs=(1.0, 0.0)),
-                                dict(draft_mode="exact")])
+                                dict(budget=16, buckets=(4, 16), bucket_costs=(1.0, 0.0))])
 def test_tree_spec_rejects_bad_adaptive_settings(kw):
     with pytest.raises(ValueError):
         TreeSpec(**kw)

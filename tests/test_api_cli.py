@@ -19,7 +19,7 @@ from fixtures.make_reference_head import reference_config, reference_weights, wr
 from helpers import tiny_head, tiny_target
 from jetspec_jax import api
 from jetspec_jax.cli import build_parser, main
-from jetspec_jax.decode.speculative import MAX_BUDGET
+from jetspec_jax.options import MAX_BUDGET
 from jetspec_jax.io import sources
 from jetspec_jax.io.checkpoints import save_target
 from jetspec_jax.io.convert.hf import load_hf
@@ -108,27 +108,25 @@ def test_generate_token_prompts_and_sampling(tiny):
     assert a.tokens == api.generate(target, [[3, 4, 5], [6]], seed=1, **kw).tokens
 
 
-def test_generate_path_mode_and_auto_budget_match_autoregressive(tiny, monkeypatch):
-    """draft_mode="path" and budget="auto" change only the trees: greedy output stays the
-    autoregressive output; auto measures its bucket costs once and reports the sizes chosen.
-    (Per-depth auto is the same API path; `test_adaptive.py` covers it in the decoder.)"""
+def test_generate_auto_budget_matches_autoregressive(tiny, monkeypatch):
+    """budget="auto" changes only the trees: greedy output stays the autoregressive output;
+    auto measures its bucket costs once and reports the sizes chosen (`test_adaptive.py`
+    covers it in the decoder)."""
     monkeypatch.setattr(api, "AUTO_BUCKETS", AUTO)
     target = api.load_target(tiny.target)
     draft = api.load_draft(tiny.head, target)
     ar = api.generate(target, PROMPTS, max_new_tokens=10)
-    fixed = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10, budget=8,
-                         draft_mode="path")
-    assert fixed.tokens == ar.tokens and fixed.tree_spec.draft_mode == "path"
+    fixed = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10, budget=8)
+    assert fixed.tokens == ar.tokens
     assert fixed.bucket_mix == {8: max(fixed.rounds)} and not fixed.tree_spec.buckets
-    auto = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10, budget="auto",
-                        draft_mode="path")
+    auto = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10, budget="auto")
     assert auto.tokens == ar.tokens and auto.tree_spec.buckets == AUTO
     assert sum(auto.bucket_mix.values()) == max(auto.rounds) and set(auto.bucket_mix) <= {4, 8}
-    assert "budget auto (buckets 4, 8), width 7, tree accum_logp, draft mode path" \
-        in auto.summary() and "tree sizes chosen: " in auto.summary()
+    assert "budget auto (buckets 4, 8), width 7, tree accum_logp" in auto.summary() \
+        and "tree sizes chosen: " in auto.summary()
     json.dumps(auto.to_dict())
-    again = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10, budget="auto",
-                         draft_mode="path")  # costs and compiled code reused
+    again = api.generate(target, PROMPTS, draft=draft, max_new_tokens=10,
+                         budget="auto")  # costs and compiled code reused
     assert again.compile_s == 0.0 and again.tree_spec == auto.tree_spec
 
 
@@ -200,18 +198,17 @@ def test_cli_bench(tiny, capsys, tmp_path):
     assert all(r["identical"] and r["tau"] >= 1 and r["speedup"] > 0 for r in rows)
 
 
-def test_cli_draft_mode_and_auto_budget(tiny, capsys, tmp_path, monkeypatch):
-    args = build_parser().parse_args(["generate", "--budget", "auto", "--draft-mode", "path"])
-    assert args.budget == "auto" and args.draft_mode == "path"
+def test_cli_auto_budget(tiny, capsys, tmp_path, monkeypatch):
+    args = build_parser().parse_args(["generate", "--budget", "auto"])
+    assert args.budget == "auto"
     monkeypatch.setattr(api, "AUTO_BUCKETS", AUTO)
     out_file = tmp_path / "bench.json"  # the shapes of the API test above: compiled code reused
     code, out, _ = run_cli(capsys, "bench", "--model", tiny.target, "--draft", tiny.head,
                            *PROMPT_FLAGS,
-                           "--max-new-tokens", 10, "--budgets", 8, "auto", "--draft-mode",
-                           "path", "--out", out_file)
-    assert code == 0 and "draft mode path" in out and "tree sizes chosen: " in out
+                           "--max-new-tokens", 10, "--budgets", 8, "auto", "--out", out_file)
+    assert code == 0 and "tree sizes chosen: " in out
     info = json.loads(out_file.read_text())
-    assert info["draft_mode"] == "path" and [r["budget"] for r in info["rows"]] == [8, "auto"]
+    assert [r["budget"] for r in info["rows"]] == [8, "auto"]
     assert all(r["identical"] for r in info["rows"])
     assert set(info["rows"][1]["bucket_mix"]) <= {"4", "8"}
 
@@ -308,32 +305,25 @@ def test_bad_budget(tiny, capsys, budget):
     (["generate", "--budget", "big"], "argument --budget: expected a number of tree nodes or "
      "'auto', got 'big'"),
     (["bench", "--budgets", "8", "x"], "argument --budgets: expected a number of tree nodes"),
-    (["generate", "--draft-mode", "tree"], "argument --draft-mode: invalid choice: 'tree'"),
     (["generate", "--prefill-chunk", "0"], "argument --prefill-chunk: expected a whole number "
      ">= 1, got '0'"),
     (["generate", "--prefill-chunk", "2k"], "argument --prefill-chunk: expected a whole number"),
-], ids=["budget", "budgets", "draft-mode", "prefill-chunk-0", "prefill-chunk-text"])
-def test_bad_draft_mode_and_budget_flags(capsys, flags, message):
+], ids=["budget", "budgets", "prefill-chunk-0", "prefill-chunk-text"])
+def test_bad_budget_and_prefill_chunk_flags(capsys, flags, message):
     with pytest.raises(SystemExit) as e:
         main(flags)
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_bad_draft_mode_and_budget_in_the_api(tiny, capsys, tmp_path):
+def test_bad_budget_and_prefill_chunk_in_the_api(tiny):
     target = api.load_target(tiny.target)
     with pytest.raises(ValueError, match="budget must be a number of tree nodes or 'auto', "
                        "got 'big'"):
         api.generate(target, "w1", budget="big")
-    with pytest.raises(ValueError, match=r"unknown draft mode 'tree'; choose from \('per_depth', "
-                       r"'path'\)"):
-        api.generate(target, "w1", draft_mode="tree")
     for chunk in (0, 2.5):
         with pytest.raises(ValueError, match=f"prefill_chunk must be a whole number >= 1, got "
                            f"{chunk}"):
             api.generate(target, "w1", prefill_chunk=chunk)
-    err = cli_error(capsys, "train-draft", "--data", tmp_path, "--out", tmp_path / "run",
-                    "--prefix-fill", 2)
-    assert "prefix_fill must be in [0, 1], got 2.0" in err
 
 
 def test_bad_prompt_file_not_utf8(capsys, tmp_path):

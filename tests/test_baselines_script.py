@@ -18,7 +18,10 @@ def test_every_head_trains_with_the_same_settings_and_is_exported(tmp_path):
     assert done.returncode == 0, done.stderr
     trains = sorted(c for c in calls if " train-draft " in c)
     exports = [c for c in calls if " convert " in c]
-    assert [c.split("--head ")[1].split()[0] for c in trains] == ["dflash", "eagle", "jetspec"]
+    heads = sorted(c.split("--head ")[1].split()[0] for c in trains)
+    assert heads == ["dflash", "eagle", "jetspec"]
+    # the lab's head trains and exports through the lab's command
+    assert all(("-m lab " in c) == ("--head eagle " in c) for c in trains)
     for call in trains:  # the same data, steps and loss settings for every head
         assert f"--data {tmp_path}/run/data " in call and "--steps 40 " in call
         assert "--gamma 3 " in call and "--depth1-weight 3" in call

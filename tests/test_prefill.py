@@ -14,8 +14,6 @@ from jetspec_jax.decode.autoregressive import ar_generate
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 from jetspec_jax.model import target
-from jetspec_jax.model.params import init_params
-from jetspec_jax.train import eagle
 from test_speculative import assert_same, run_both
 
 
@@ -61,12 +59,10 @@ def test_decoding_with_chunked_prefill_is_unchanged_and_lossless(seed):
 
 
 def test_the_prefill_chunk_is_a_static_argument_of_the_decoders():
-    """Changing it compiles another program (no stale trace is reused), for AR, JetSpec and
-    EAGLE-style decoding alike."""
+    """Changing it compiles another program (no stale trace is reused), for AR and JetSpec
+    decoding alike (EAGLE-style: tests/lab/test_eagle.py)."""
     tcfg, tp = tiny_target("dense", vocab=12)
     dcfg, dp = tiny_head(tcfg, block_size=4)
-    ecfg = eagle.eagle_config_for(tcfg, num_taps=2, depth=3)
-    ep = init_params(eagle.eagle_specs(ecfg), jax.random.key(2))
     prompt, lens = random_prompts(np.random.default_rng(0), 2, 9, tcfg.vocab_size)
     kw = dict(max_new=4, sampler=Sampler(), stop_ids=(), num_slots=40)
     lower = {
@@ -75,9 +71,6 @@ def test_the_prefill_chunk_is_a_static_argument_of_the_decoders():
         "spec": lambda c: spec_generate.lower(tp, dp, prompt, lens, jax.random.key(0), tcfg=tcfg,
                                               dcfg=dcfg, tree_spec=TreeSpec(8, 3),
                                               prefill_chunk=c, **kw),
-        "eagle": lambda c: spec_generate.lower(tp, ep, prompt, lens, jax.random.key(0),
-                                               tcfg=tcfg, dcfg=ecfg, tree_spec=TreeSpec(8, 3),
-                                               prefill_chunk=c, **kw),
     }
     for name, fn in lower.items():
         one_pass, chunked = fn(64).as_text(), fn(4).as_text()

@@ -12,19 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import random_prompts, tiny_head, tiny_target
-from jetspec_jax.decode.autoregressive import prefill, ar_generate
+from helpers import tiny_head, tiny_target
+from jetspec_jax.decode.autoregressive import prefill
 from jetspec_jax.decode.sampling import Sampler
-from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import draft_specs
-from jetspec_jax.io.checkpoints import read_info
-from jetspec_jax.io.heads import read_draft_checkpoint
 from jetspec_jax.model import target
 from jetspec_jax.model.params import init_params
-from jetspec_jax.train import data as D, eagle as E
+from jetspec_jax.train import data as D
 from jetspec_jax.train.head_forward import head_logits, sample_anchors, target_pass
 from jetspec_jax.train.loss import distill_loss
+from jetspec_jax.train.head_kinds import HEADS
 from jetspec_jax.train.trainer import TrainConfig, read_metrics, train
 
 
@@ -165,7 +163,7 @@ def train_config(dataset, out, **changes):
     return TrainConfig(**{**base, **changes})
 
 
-@pytest.mark.parametrize("head", ["jetspec", "dflash", "eagle"])
+@pytest.mark.parametrize("head", ["jetspec", "dflash"])
 def test_loss_decreases_and_head_is_saved(tiny, dataset, tmp_path, head):
     tcfg, tp = tiny
     cfg = train_config(dataset, tmp_path, head=head, eval_dir=str(dataset / "heldout"))
@@ -175,7 +173,7 @@ def test_loss_decreases_and_head_is_saved(tiny, dataset, tmp_path, head):
     assert rows[-1]["loss"] < 0.6 * rows[0]["loss"]
     assert rows[-1]["acc"][0] > rows[0]["acc"][0]
     assert rows[-1]["eval"]["tau"] >= 1.0 and len(rows[-1]["eval"]["kl"]) == 3
-    dcfg, dparams = (E.load_eagle if head == "eagle" else read_draft_checkpoint)(tmp_path / "head")
+    dcfg, dparams = HEADS[head].load(tmp_path / "head")  # its kind's reader
     assert dcfg == result.dcfg
     jax.tree.map(np.testing.assert_array_equal, dparams, result.dparams)
 
@@ -205,133 +203,6 @@ def test_interrupted_run_resumes_exactly(tiny, dataset, tmp_path):
     assert meta["steps"] == 1 and meta["complete"] is False
     resumed = train(cfg, tp, tcfg, progress=False)
     jax.tree.map(np.testing.assert_array_equal, resumed.dparams, whole.dparams)
-
-
-def test_prefix_fill_training_learns_and_resumes(tiny, dataset, tmp_path):
-    """prefix_fill=0.5: filled slots leave the loss, the loss falls, and an interrupted run
-    resumes to the same params (the fill is drawn from the step key)."""
-    from jetspec_jax.train.loss import head_loss, teacher_outputs
-
-    tcfg, tp = tiny
-    cfg = train_config(dataset, tmp_path / "a", steps=20, prefix_fill=0.5, tau_prompts=0)
-    dcfg = cfg.draft_config(tcfg)
-    batch = {k: jnp.asarray(v[:4]) for k, v in D.load_shards(dataset / "train").items()}
-    dp = init_params(draft_specs(dcfg), jax.random.key(0))
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def counts(p):
-        teach = teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
-        return head_loss(dp, dcfg, tp, tcfg, batch["tokens"], teach, key=jax.random.key(2),
-                         prefix_fill=p)[1]["count"]
-
-    plain, filled = np.asarray(counts(0.0)), np.asarray(counts(1.0))
-    assert filled[0] == 0 and (filled <= plain).all() and filled[-1] > 0  # depth 1 always filled
-
-    whole = train(cfg, tp, tcfg, progress=False)
-    rows = read_metrics(tmp_path / "a" / "metrics.jsonl")
-    assert rows[-1]["loss"] < 0.6 * rows[0]["loss"]
-    cfg = dataclasses.replace(cfg, out_dir=str(tmp_path / "b"))
-    assert train(cfg, tp, tcfg, stop_after=13, progress=False).step == 13
-    resumed = train(cfg, tp, tcfg, progress=False)
-    jax.tree.map(np.testing.assert_array_equal, resumed.dparams, whole.dparams)
-
-
-@pytest.mark.parametrize("changes,message", [
-    (dict(prefix_fill=-0.1), r"prefix_fill must be in \[0, 1\], got -0.1"),
-    (dict(prefix_fill=1.5), r"prefix_fill must be in \[0, 1\], got 1.5"),
-    (dict(prefix_fill=0.5, head="eagle"), "prefix_fill needs a block head"),
-])
-def test_prefix_fill_config_errors(changes, message):
-    with pytest.raises(ValueError, match=message):
-        TrainConfig(data_dir=".", out_dir=".", **changes)
-
-
-def eagle_head(tcfg, depth=4, seed=1):
-    ecfg = E.eagle_config_for(tcfg, num_taps=2, depth=depth)
-    return ecfg, init_params(E.eagle_specs(ecfg), jax.random.key(seed))
-
-
-def test_cli_converts_an_eagle_head_to_bfloat16(tmp_path, capsys):
-    """`jetspec convert --head` casts an EAGLE-style head too (it refused them before)."""
-    from jetspec_jax.cli import main
-
-    tcfg, _ = tiny_target("dense", seed=2, vocab=16)
-    ecfg, ep = eagle_head(tcfg)
-    E.save_eagle(tmp_path / "f32", ep, ecfg, metadata={"steps": 7})
-    assert main(["convert", "--head", str(tmp_path / "f32"), str(tmp_path / "bf16"),
-                 "--dtype", "bfloat16"]) == 0
-    ecfg2, ep2 = E.load_eagle(tmp_path / "bf16")
-    assert ecfg2 == ecfg
-    for a, b in zip(jax.tree.leaves(ep), jax.tree.leaves(ep2)):
-        assert b.dtype == jnp.bfloat16
-        np.testing.assert_array_equal(np.asarray(a.astype(jnp.bfloat16), np.float32),
-                                      np.asarray(b, np.float32))
-    assert read_info(tmp_path / "bf16")[1]["steps"] == 7
-
-
-@pytest.mark.parametrize("kind", ["dense", "llama"])
-def test_eagle_training_forward_equals_inference(kind):
-    """The unrolled training chain scores the head's own greedy inference chain (a width-1
-    tree) with the same cumulative log-probs."""
-    tcfg, tp = tiny_target(kind, seed=2, vocab=16)
-    ecfg, ep = eagle_head(tcfg)
-    d, a = ecfg.depth, 9
-    prefix = jax.random.randint(jax.random.key(3), (2, a + 1), 0, tcfg.vocab_size)  # anchor last
-
-    @jax.jit
-    def inference(prefix):  # prompt 0..a-1, then a round with the anchor at a
-        tcache = target.allocate_cache(tcfg, 2, 32, jnp.float32)
-        _, _, ptaps = prefill(tp, tcfg, prefix[:, :a], jnp.full((2,), a), tcache,
-                              taps=ecfg.tap_layers)
-        ecache = E.prompt_context(ep, ecfg, tp, ptaps, prefix[:, :a], jnp.full((2,), a), 32)
-        ecache, hid = E.extend(ep, ecfg, tp, ecache, ptaps[:, -1:], prefix[:, a:],
-                               jnp.ones((2,), jnp.int32))
-        return E.draft_tree(ep, ecfg, tp, tcfg, ecache, hid[:, 0], prefix[:, a], budget=d + 1,
-                            width=1)
-
-    @jax.jit
-    def training(tokens):
-        _, taps = target_pass(tp, tcfg, tokens, ecfg.tap_layers)
-        return E.eagle_logits(ep, ecfg, tp, tcfg, taps, tokens, jnp.full((2, 1), a))[:, 0]
-
-    tree = inference(prefix)
-    np.testing.assert_array_equal(tree.depths, np.arange(d + 1)[None].repeat(2, 0))
-    logits = training(jnp.concatenate([prefix, tree.tokens[:, 1:]], axis=1))  # + the chain
-    chosen = jnp.take_along_axis(jax.nn.log_softmax(logits), tree.tokens[:, 1:, None], -1)
-    np.testing.assert_allclose(jnp.cumsum(chosen[..., 0], -1), tree.scores[:, 1:], atol=1e-5)
-
-
-@pytest.mark.parametrize("kind,budget,width,depth", [("dense", 16, 3, None), ("llama", 40, 4, None),
-                                                    ("dense", 8, 3, 2)])
-def test_eagle_greedy_speculative_equals_autoregressive(kind, budget, width, depth):
-    """Also with a shallower tree than the head was made for (depth: its weights do not
-    depend on the depth, so a round may draft fewer)."""
-    tcfg, tp = tiny_target(kind, seed=3, vocab=6)
-    ecfg, ep = eagle_head(tcfg)
-    ecfg = dataclasses.replace(ecfg, depth=depth or ecfg.depth)
-    prompt, lens = random_prompts(np.random.default_rng(0), 3, 6, tcfg.vocab_size)
-    kw = dict(max_new=20, sampler=Sampler(), stop_ids=(4,), num_slots=96)
-    ar = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, **kw)
-    out, stats = spec_generate(tp, ep, prompt, lens, jax.random.key(0), tcfg=tcfg, dcfg=ecfg,
-                               tree_spec=TreeSpec(budget, width), **kw)
-    np.testing.assert_array_equal(ar.num_tokens, out.num_tokens)
-    for b, n in enumerate(np.asarray(ar.num_tokens)):
-        np.testing.assert_array_equal(ar.tokens[b, :n], out.tokens[b, :n])
-    assert np.asarray(stats.accepted).max() >= min(budget, 2)  # multi-token rounds happen
-
-
-@pytest.mark.parametrize("spec", [TreeSpec(8, 2, draft_mode="path"),
-                                  TreeSpec(8, 2, buckets=(4, 8), bucket_costs=(1.0, 1.5))])
-def test_eagle_refuses_what_its_own_tree_cannot_do(spec):
-    """The round's path pass and adaptive budget are the block head's: asked of the EAGLE-style
-    head they fail while tracing, naming why."""
-    tcfg, tp = tiny_target("dense", seed=3, vocab=6)
-    ecfg, ep = eagle_head(tcfg)
-    prompt, lens = random_prompts(np.random.default_rng(0), 2, 4, tcfg.vocab_size)
-    with pytest.raises(ValueError, match="EAGLE-style head grows its own tree"):
-        spec_generate.trace(tp, ep, prompt, lens, jax.random.key(0), tcfg=tcfg, dcfg=ecfg,
-                            tree_spec=spec, max_new=4, sampler=Sampler(), stop_ids=(),
-                            num_slots=64)
 
 
 def test_cached_features_match_online(tiny, dataset, tmp_path, monkeypatch):
@@ -431,7 +302,7 @@ def test_draft_vocabulary_training(tiny, dataset, tmp_path):
                        eval_dir=str(dataset / "heldout"))
     result = train(cfg, tp, tcfg, progress=False)
     assert result.dcfg.draft_vocab == ids
-    dcfg, _ = read_draft_checkpoint(tmp_path / "a" / "head")
+    dcfg, _ = HEADS["jetspec"].load(tmp_path / "a" / "head")
     assert dcfg == result.dcfg
     rows = read_metrics(tmp_path / "a" / "metrics.jsonl")
     assert rows[-1]["eval"]["tau"] >= 1.0
@@ -465,7 +336,7 @@ def test_cached_teacher_training(tiny, dataset, tmp_path, monkeypatch):
 
 def test_chunked_anchor_loss_equals_one_pass(tiny, dataset):
     """Anchors in chunks of 2 (checkpointed lax.map) give the loss, metrics and gradients of
-    one pass over all 4, with prefix-filled blocks and a depth-1 weight."""
+    one pass over all 4, with a depth-1 weight."""
     from jetspec_jax.train.loss import depth_weights, head_loss, teacher_outputs
 
     tcfg, tp = tiny
@@ -478,8 +349,7 @@ def test_chunked_anchor_loss_equals_one_pass(tiny, dataset):
         def f(dp):
             teach = teacher_outputs(tp, tcfg, dcfg, batch, jax.random.key(1), 4)
             return head_loss(dp, dcfg, tp, tcfg, batch["tokens"], teach, 3.0,
-                             key=jax.random.key(2), prefix_fill=0.5, depth1_weight=2.0,
-                             anchor_chunk=chunk)
+                             depth1_weight=2.0, anchor_chunk=chunk)
         return jax.value_and_grad(f, has_aux=True)(dp)
 
     (l1, m1), g1 = loss_grad(None)

@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jetspec_jax.decode.tree import (
-    METHODS, DraftTree, _grow_batch, _statics, build_tree, build_trees, reachable_depth,
-    topk_from_logits, tree_caps,
+from jetspec_jax.draft.tree import (
+    METHODS, DraftTree, _grow_batch, _statics, build_tree, build_trees, topk_from_logits,
+    tree_caps,
 )
-from jetspec_jax.decode.tree_reference import build_tree_numpy, tree_caps_numpy
+from jetspec_jax.draft.tree_spec import reachable_depth
+from jetspec_jax.draft.tree_reference import build_tree_numpy, tree_caps_numpy
 
 jax.config.update("jax_enable_x64", False)
 

@@ -20,8 +20,6 @@ with its own static tree size; only the chosen one runs), so no round trip to th
 round.
 
 Lossless: the tree only depends on the draft, and verification is unchanged.
-With `draft_mode="path"` the choice uses the first-pass scores and the chosen prefix is then
-refined (the refined scores are only known after the choice).
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.decode.tree import DraftTree
+from jetspec_jax.draft.tree import DraftTree
 
 
 def prefix_tree(tree: DraftTree, n: int) -> DraftTree:

@@ -3,10 +3,8 @@ all inside one jitted `lax.while_loop` with no host round trip (`spec_generate`)
 of rounds that a host loop streams (`spec_start`, `spec_continue`).
 
 One round serves every drafter (`draft/drafter.py`: the block head, JetSpec or DFlash, and
-the EAGLE-style head), picked by the head's config. Two drafting variants hook in here
-(docs/experiments.md): `TreeSpec.draft_mode="path"` refines each round's tree with a
-path-conditioned head pass (`draft/path.py`), and `TreeSpec.buckets` picks each round's tree
-size on device (`adaptive.py`)."""
+any drafter registered for its head's config), picked by the head's config.
+`TreeSpec.buckets` picks each round's tree size on device (`adaptive.py`)."""
 
 from __future__ import annotations
 
@@ -26,7 +24,6 @@ from jetspec_jax.decode.autoregressive import (
     prefill,
 )
 from jetspec_jax.decode.sampling import RowSampler, Sampler, choose_tokens, split_key
-from jetspec_jax.decode.tree import METHODS, reachable_depth
 from jetspec_jax.decode.verify import accept, commit, verify_tree
 from jetspec_jax.draft import drafter as drafters
 from jetspec_jax.draft.drafter import HeadConfig
@@ -36,60 +33,13 @@ from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.sharding import constrain_state
 
-from jetspec_jax.options import DRAFT_MODES, MAX_BUDGET  # jax-free: the CLI reads it
+from jetspec_jax.draft.tree_spec import TreeSpec
 
 
-@dataclasses.dataclass(frozen=True)
-class TreeSpec:
-    """How each round's tree is drafted: `budget` nodes (root included), fan-out `width`.
-
-    draft_mode: "per_depth" (the tree from the first pass's per-depth marginals) or "path"
-    (then re-grown from a path-conditioned pass, `draft/path.py`). buckets / bucket_costs:
-    adaptive budget (`adaptive.py`): each round picks one of these tree sizes, costs in seconds
-    per round; budget must then be the largest bucket (`jetspec_jax.costs.auto_tree_spec`
-    builds it)."""
-
-    budget: int = 64
-    width: int = 7
-    method: str = "accum_logp"
-    draft_mode: str = "per_depth"
-    buckets: tuple[int, ...] = ()
-    bucket_costs: tuple[float, ...] = ()
-
-    def __post_init__(self):
-        if not 1 <= self.budget <= MAX_BUDGET:
-            raise ValueError(f"budget must be in [1, {MAX_BUDGET}], got {self.budget}")
-        if self.width < 1:
-            raise ValueError(f"tree width must be >= 1, got {self.width}")
-        if self.method not in METHODS:
-            raise ValueError(f"unknown tree method {self.method!r}; choose from {METHODS}")
-        if self.draft_mode not in DRAFT_MODES:
-            raise ValueError(f"unknown draft mode {self.draft_mode!r}; choose from {DRAFT_MODES}")
-        if self.buckets or self.bucket_costs:
-            b, c = self.buckets, self.bucket_costs
-            if len(b) != len(c) or list(b) != sorted(set(b)) or b[0] < 1 or b[-1] != self.budget:
-                raise ValueError(f"buckets must be increasing sizes >= 1 ending at budget "
-                                 f"{self.budget}, one cost each; got {b} and costs {c}")
-            if not all(x > 0 for x in c):
-                raise ValueError(f"bucket costs must be > 0 seconds, got {c}")
-
-    @property
-    def draft_width(self) -> int:
-        """Top-k kept per depth: a chain keeps one."""
-        return 1 if self.method == "chain" else self.width
-
-    def draft_depths(self, block_depth: int) -> int:
-        """Depths worth drafting: those a tree of this budget can reach, at most the block's."""
-        return max(1, min(block_depth, reachable_depth(self.budget, self.draft_width,
-                                                       self.method)))
-
-
-def working_slots(budget: int, block_size: int, draft_mode: str = "per_depth") -> int:
+def working_slots(budget: int, block_size: int) -> int:
     """Cache slots a speculative run needs beyond prompt + max_new: the tree is written after
-    the committed tokens each round (the path-conditioned pass writes 2 * budget draft slots),
-    and the last round may overshoot max_new by a block."""
-    written = 2 * budget if draft_mode == "path" else budget
-    return max(written, block_size) + block_size
+    the committed tokens each round, and the last round may overshoot max_new by a block."""
+    return max(budget, block_size) + block_size
 
 
 @flax.struct.dataclass
@@ -121,8 +71,6 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, sta
                                  tree_spec=tree_spec, kernels=kernels)
 
     def verify_round(tree):
-        tree = drafter.refine(dparams, dcfg, tparams, tcfg, dcache, tree, tree_spec=tree_spec,
-                              kernels=kernels)
         logits, cache, taps = verify_tree(tparams, tcfg, state.cache, tree,
                                           taps=dcfg.tap_layers, kernels=kernels)
         key, sub = split_key(state.key)
@@ -179,7 +127,7 @@ def spec_start(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
                cache_dtype=jnp.float32, prefill_chunk: int = PREFILL_CHUNK) -> SpecState:
     """Checks that the batch fits, then `init_state`."""
     check_capacity(prompt.shape[1], max_new,
-                   working_slots(tree_spec.budget, dcfg.block_size, tree_spec.draft_mode),
+                   working_slots(tree_spec.budget, dcfg.block_size),
                    tcfg.max_position_embeddings, num_slots)
     return init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, max_new=max_new,
                       sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,

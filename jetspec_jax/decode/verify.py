@@ -6,7 +6,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.decode.tree import DraftTree
+from jetspec_jax.draft.tree import DraftTree
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache, compact
 from jetspec_jax.model.config import ModelConfig

@@ -1,2 +1,3 @@
 """Drafters behind one interface (`drafter.py`): the block draft head (causal = JetSpec,
-bidirectional = DFlash) with its path-conditioned second pass, and the EAGLE-style head."""
+bidirectional = DFlash) and the draft tree it grows (`tree.py`); other heads plug in by
+registering their config type."""

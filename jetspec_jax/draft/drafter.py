@@ -1,6 +1,6 @@
 """The one interface between a draft head and the speculative round (`decode.speculative`):
 every drafter serves the same round, so the round, its verification and its statistics are
-written once. A head's config (static under jit) picks its drafter (`of`).
+written once. A head's config (static under jit) picks its drafter (`of`), by its type.
 
   start(dparams, dcfg, tparams, prompt, prompt_lens, prompt_taps, *, num_slots, cache_dtype)
       -> (draft cache, pending taps [B, blk, k*D], pending count [B]): the draft context after
@@ -8,12 +8,10 @@ written once. A head's config (static under jit) picks its drafter (`of`).
   draft(dparams, dcfg, tparams, tcfg, state, active, *, tree_spec, kernels)
       -> (tree, draft cache): the round's tree after `state.anchor`, with the tokens
       committed by the last round (`state.pending_*`) added to the context first
-  refine(dparams, dcfg, tparams, tcfg, draft cache, tree, *, tree_spec, kernels) -> tree:
-      after the adaptive budget's choice, a second pass over the chosen tree (or none)
 
-Drafters: the block head (`head.py`: causal = JetSpec, bidirectional = DFlash; with
-`draft_mode="path"` its path-conditioned pass, `path.py`) and the EAGLE-style head
-(`eagle.py`).
+The block head (`head.py`: causal = JetSpec, bidirectional = DFlash) is registered here;
+other heads register their config type with `register` (the lab's baselines do so when
+`lab` is imported).
 """
 
 from __future__ import annotations
@@ -22,14 +20,23 @@ from typing import Protocol
 
 import jax.numpy as jnp
 
-from jetspec_jax.decode.tree import build_trees, topk_from_logits
-from jetspec_jax.draft import head as draft_head, path as path_draft
-from jetspec_jax.draft.eagle import EagleConfig, EagleDrafter
+from jetspec_jax.draft.tree import build_trees, topk_from_logits
+from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.kernels import Kernels
 
-HeadConfig = DraftConfig | EagleConfig
+
+class HeadConfig(Protocol):
+    """What the round reads of a head's config (frozen and hashable: static under jit)."""
+
+    tap_layers: tuple[int, ...]  # target layers whose hidden states the head reads
+
+    @property
+    def block_size(self) -> int: ...  # tokens a round commits at most
+
+    @property
+    def depth(self) -> int: ...  # draft depths: block_size - 1
 
 
 class Drafter(Protocol):
@@ -38,9 +45,6 @@ class Drafter(Protocol):
 
     def draft(self, dparams, dcfg, tparams, tcfg: ModelConfig, state, active, *, tree_spec,
               kernels: Kernels): ...
-
-    def refine(self, dparams, dcfg, tparams, tcfg: ModelConfig, cache, tree, *, tree_spec,
-               kernels: Kernels): ...
 
 
 class BlockDrafter:
@@ -71,15 +75,19 @@ class BlockDrafter:
                            method=tree_spec.method)
         return tree, cache
 
-    @staticmethod
-    def refine(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache, tree, *,
-               tree_spec, kernels: Kernels):
-        if tree_spec.draft_mode != "path":
-            return tree
-        return path_draft.refine_trees(dparams, dcfg, tparams, tcfg, cache, tree,
-                                       width=tree_spec.draft_width, kernels=kernels)
+
+_DRAFTERS: dict[type, Drafter] = {DraftConfig: BlockDrafter()}
+
+
+def register(config_type: type, drafter: Drafter) -> None:
+    """Heads of config_type draft with drafter (a head outside the core plugs in here)."""
+    _DRAFTERS[config_type] = drafter
 
 
 def of(dcfg: HeadConfig) -> Drafter:
     """The drafter of a head, by its config's type."""
-    return EagleDrafter() if isinstance(dcfg, EagleConfig) else BlockDrafter()
+    try:
+        return _DRAFTERS[type(dcfg)]
+    except KeyError:
+        raise TypeError(f"no drafter registered for {type(dcfg).__name__} heads; import the "
+                        "module that registers it (`draft.drafter.register`)") from None

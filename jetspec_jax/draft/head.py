@@ -203,8 +203,7 @@ def head_hidden(dparams, dcfg: DraftConfig, cache: KVCache, x, positions, mask, 
     """The draft layers over new slots x [B, T, D] at positions [B, T] against the cached
     context; mask [B, T, T] says which new slots each slot sees. -> final-normed states
     [B, T, D]. The new K/V are written after the context but lengths are not advanced, so the
-    next round overwrites them. Serves the block (`draft_block`) and the path-conditioned pass
-    (`draft/path.py`)."""
+    next round overwrites them."""
     cfg = dcfg.layers
     start = cache.lengths
     impl, interpret = kernels.cache_attention()

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jetspec_jax.draft.head import DraftConfig, draft_specs
+from jetspec_jax.draft.tree_spec import TreeSpec
 from jetspec_jax.io import cache, convert
 from jetspec_jax.io.checkpoints import CheckpointError, load_target_checkpoint, save_target
 from jetspec_jax.io.prompts import read_prompt_file  # noqa: F401  (re-exported)
@@ -159,7 +160,7 @@ def measured_best_budget(path: str | Path) -> dict[str, int]:
         return {}
     best = read_json_object(root / "metadata.json", "of checkpoint metadata").get(
         "evaluation", {}).get("best_budget", {})
-    bad = {k: v for k, v in best.items() if not (isinstance(v, int) and 1 <= v <= MAX_BUDGET)}
+    bad = {k: v for k, v in best.items() if not isinstance(v, int) or TreeSpec.problems(v)}
     if bad:
         raise CheckpointError(f"{root}/metadata.json: evaluation.best_budget must map machines "
                               f"to tree budgets 1..{MAX_BUDGET}, got {bad}")

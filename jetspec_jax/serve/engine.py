@@ -186,7 +186,7 @@ class Engine:
                 jax.ShapeDtypeStruct((n, context), jnp.int32), opts.tree_spec,
                 kernels, None)[0] for n in self.buckets}
         extra = 1 if draft is None else max(
-            working_slots(s.budget, draft.dcfg.block_size, s.draft_mode)
+            working_slots(s.budget, draft.dcfg.block_size)
             for s in self.specs.values())
         self.num_slots = api.bucket(self.max_len + extra, 128)
         self.loop = dict(tcfg=target.cfg, dcfg=draft and draft.dcfg, max_new=self.max_len,

@@ -20,7 +20,6 @@ from jetspec_jax.draft.head import DraftConfig, dense_attention
 from jetspec_jax.model import target
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.layers import rms_norm
-from jetspec_jax.train.prefix_fill import filled_block_inputs
 
 
 def target_pass(tparams, tcfg: ModelConfig, tokens, tap_layers):
@@ -67,27 +66,21 @@ def head_context(dparams, dcfg: DraftConfig, taps):
 
 
 def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, tokens, anchors,
-                fill=None, *, ctx=None):
+                *, ctx=None):
     """Draft logits [B, A, blk-1, V'] (float32; V' the draft vocabulary's size, if the head
     has one) of the blocks anchored at anchors [B, A].
 
     taps [B, T, k*D] are the target's tapped features of tokens [B, T]; slot d of the block
     at anchor a drafts the token at position a + d, exactly as `draft_block` would after
-    `extend_context` with the taps of positions 0..a-1. fill [B, A] (optional): the first
-    fill[b, a] MASK slots of each block hold the true tokens instead (`prefix_fill.py`; pair
-    the logits with `prefix_fill.supervised` in the loss mask). ctx: `head_context(taps)`,
-    when already made (chunks of anchors share it)."""
+    `extend_context` with the taps of positions 0..a-1. ctx: `head_context(taps)`, when already made (chunks of anchors share it)."""
     cfg = dcfg.layers
     b, t = tokens.shape
     a = anchors.shape[1]
     blk = dcfg.block_size
     ctx = head_context(dparams, dcfg, taps) if ctx is None else ctx
-    if fill is None:
-        anchor_tok = jnp.take_along_axis(tokens, anchors, axis=1)  # [B, A]
-        x = draft_head.block_inputs(dparams, dcfg, tparams, anchor_tok.reshape(b * a))
-        x = x.reshape(b, a * blk, -1)  # [B, A*blk, D]
-    else:
-        x = filled_block_inputs(dparams, dcfg, tparams, tokens, anchors, fill)
+    anchor_tok = jnp.take_along_axis(tokens, anchors, axis=1)  # [B, A]
+    x = draft_head.block_inputs(dparams, dcfg, tparams, anchor_tok.reshape(b * a))
+    x = x.reshape(b, a * blk, -1)  # [B, A*blk, D]
     positions = (anchors[:, :, None] + jnp.arange(blk, dtype=jnp.int32)).reshape(b, a * blk)
     visible = block_visibility(dcfg, anchors, t)
     for p, kc, vc in zip(dparams["layers"], ctx.k, ctx.v):

@@ -6,10 +6,8 @@ position a + d (the target's logits at a + d - 1): forward KL(target || head), w
 the target's whole distribution (better for tree drafting than hard labels). Depth d may be
 weighted by exp(-(d-1)/gamma): early depths decide most of the accepted length. With a feature
 cache (`features.py`) the teacher is the target's top-K renormalised over those K tokens, and
-the KL is sum_k p_k (log p_k - log q_k) with the head's full log-softmax q. The EAGLE
-baseline (`eagle.py`) is trained the same way on its unrolled chain of D depths. With
-`prefix_fill` some blocks hold true tokens in their first slots (`prefix_fill.py`), as the
-path-conditioned drafting pass shows them; those slots are not supervised.
+the KL is sum_k p_k (log p_k - log q_k) with the head's full log-softmax q. Every kind of
+head (`head_kinds.py`) is trained the same way on its own drafts of the D depths.
 The anchors run in chunks (`map_anchor_chunks`): the head's logits and the teacher's
 log-probabilities of one chunk, [B, chunk, blk-1, V] in float32, are all a step holds at a time
 beside the teacher's [B, T, V], so recipe-sized anchor counts (256-512 per sequence) fit; the
@@ -28,14 +26,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.draft import head as draft_head
-from jetspec_jax.draft.head import DraftConfig
+from jetspec_jax.draft.drafter import HeadConfig
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.train.eagle import EagleConfig, eagle_logits
 from jetspec_jax.model import target
-from jetspec_jax.train.head_forward import head_context, head_logits, sample_anchors, target_pass
+from jetspec_jax.train import head_kinds
+from jetspec_jax.train.head_forward import sample_anchors, target_pass
 from jetspec_jax.train.teacher import top_k_teacher
-from jetspec_jax.train.prefix_fill import sample_fill, supervised
 
 
 TINY = 1e-12  # a floor under the probabilities whose logarithm the top-K KL takes
@@ -44,9 +40,9 @@ TINY = 1e-12  # a floor under the probabilities whose logarithm the top-K KL tak
 def vocab_index(dcfg, vocab_size: int):
     """[V] int32: the head's logit column of each token id, -1 outside its draft vocabulary;
     None for a head over the whole vocabulary."""
-    ids = draft_head.vocab_ids(dcfg) if isinstance(dcfg, DraftConfig) else None
-    if ids is None:
+    if getattr(dcfg, "draft_vocab", None) is None:  # heads of any kind; only block heads have one
         return None
+    ids = jnp.asarray(dcfg.draft_vocab, jnp.int32)
     return jnp.full((vocab_size,), -1, jnp.int32).at[ids].set(
         jnp.arange(ids.shape[0], dtype=jnp.int32))
 
@@ -165,7 +161,7 @@ def _anchor_slots(key, batch, num_anchors: int, depth: int):
     return anchors, pos, valid
 
 
-def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig, batch, key,
+def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: HeadConfig, batch, key,
                     num_anchors: int, top_k: int | None = None):
     """The frozen target's part of a training step (no gradient flows into it), run online.
 
@@ -188,7 +184,7 @@ def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig,
     return jax.lax.stop_gradient(out)
 
 
-def stored_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | EagleConfig, batch,
+def stored_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: HeadConfig, batch,
                            key, num_anchors: int):
     """`teacher_outputs` with a top-K teacher stored beside the tokens: batch also holds
     top_logp, top_ids [B, T, K] (`data.make_dataset(teacher_top_k=K)` or a feature cache,
@@ -207,42 +203,27 @@ def stored_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: DraftConfig | Eagle
         "top_ids": at_positions(batch["top_ids"], pos)})
 
 
-def head_loss(dparams, dcfg: DraftConfig | EagleConfig, tparams, tcfg: ModelConfig, tokens,
-              teach, gamma: float | None = None, *, key=None, prefix_fill: float = 0.0,
-              depth1_weight: float | None = None, anchor_chunk: int | None = None):
-    """Loss and metrics of the head (parallel block or EAGLE chain) on the anchors chosen in
-    `teacher_outputs` (full teacher logits, or top-K) or `stored_teacher_outputs` (top-K).
+def head_loss(dparams, dcfg: HeadConfig, tparams, tcfg: ModelConfig, tokens, teach,
+              gamma: float | None = None, *, depth1_weight: float | None = None,
+              anchor_chunk: int | None = None):
+    """Loss and metrics of the head (of any kind, `head_kinds.of_config`) on the anchors
+    chosen in `teacher_outputs` (full teacher logits, or top-K) or `stored_teacher_outputs`
+    (top-K).
 
-    prefix_fill > 0 (block heads only): each block gets, with that probability, a prefix of
-    true tokens drawn with key (`prefix_fill.py`); its filled slots leave the loss.
     anchor_chunk: anchors per chunk (`map_anchor_chunks`; must divide A); None: all at once."""
     anchors, valid = teach["anchors"], teach["valid"]
-    fill = jnp.zeros(anchors.shape, jnp.int32)
-    if isinstance(dcfg, EagleConfig):
-        if prefix_fill > 0:
-            raise ValueError("prefix_fill applies to block heads, not the EAGLE chain")
-        logits = lambda anc, _: eagle_logits(  # noqa: E731
-            dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anc)
-    else:
-        if prefix_fill > 0:
-            if key is None:
-                raise ValueError("prefix_fill > 0 needs a key to draw the fill")
-            fill = sample_fill(key, anchors.shape, dcfg.block_size, prefix_fill)
-            valid = valid & supervised(fill, dcfg.depth)
-        ctx = head_context(dparams, dcfg, teach["taps"])  # shared by every chunk
-        logits = lambda anc, fl: head_logits(  # noqa: E731
-            dparams, dcfg, tparams, tcfg, teach["taps"], tokens, anc,
-            fl if prefix_fill > 0 else None, ctx=ctx)
+    logits = head_kinds.of_config(dcfg).training_logits(dparams, dcfg, tparams, tcfg,
+                                                         teach["taps"], tokens)
     if "logp" in teach:
-        if isinstance(dcfg, DraftConfig) and dcfg.draft_vocab is not None:
+        if getattr(dcfg, "draft_vocab", None) is not None:
             raise ValueError("a head with a draft vocabulary trains on a top-K teacher: "
                              "pass top_k to teacher_outputs")
-        fn = lambda anc, fl, pos: slot_logp_kl(  # noqa: E731
-            logits(anc, fl), at_positions(teach["logp"], pos))
-        kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, fill, teach["pos"])
+        fn = lambda anc, pos: slot_logp_kl(  # noqa: E731
+            logits(anc), at_positions(teach["logp"], pos))
+        kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, teach["pos"])
     else:
         index = vocab_index(dcfg, tcfg.vocab_size)
-        fn = lambda anc, fl, lp, ids: slot_topk_kl(logits(anc, fl), lp, ids, index)  # noqa: E731
-        kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, fill, teach["top_logp"],
+        fn = lambda anc, lp, ids: slot_topk_kl(logits(anc), lp, ids, index)  # noqa: E731
+        kl, hit = map_anchor_chunks(fn, anchor_chunk, anchors, teach["top_logp"],
                                     teach["top_ids"])
     return _reduce(kl, hit, valid, depth_weights(kl.shape[2], gamma, depth1_weight))

@@ -12,11 +12,10 @@ multiple of log_every: a log window restarts at a resume). Data made with a teac
 head (`loss.stored_teacher_outputs`); with `feature_dir` (a cache made by
 `features.cache_features` from data_dir, with the head's tap layers) a step does not run the
 target at all: taps come from the cache too. Held-out KL uses `eval_feature_dir` when given,
-else the held-out data as it comes; tau always runs the real target. With `draft_vocab` the
-head drafts only the training answers' most frequent tokens (`choose_draft_vocab`). Heads: "jetspec" (causal block),
-"dflash" (bidirectional block, same architecture), "eagle" (`eagle.py`). `prefix_fill` > 0
-(block heads) gives that fraction of training blocks a true-token prefix (`prefix_fill.py`,
-for path-conditioned drafting); held-out KL always uses plain blocks. Without a checkpoint,
+else the held-out data as it comes; tau always runs the real target. With `draft_vocab` a block
+head drafts only the training answers' most frequent tokens (`choose_draft_vocab`). Heads
+(`head_kinds.py`): "jetspec" (causal block), "dflash" (bidirectional block, same
+architecture), and any kind registered there. Without a checkpoint,
 `init_head` starts from a head's weights alone (its safetensors files, `io/shards.py`) with a
 fresh optimizer re-warmed at `start_step`: a long run cut into short calls that keep only the
 weights. `mesh="data=N"` splits the batch over N devices (`parallel.py`).
@@ -25,7 +24,7 @@ Writes under out_dir:
                   "mfu", "time"} per log window (`throughput.py`); eval rows add
                   {"eval": {"loss", "kl", "acc", "tau"}}
   checkpoints/    the last `keep_ckpts` train states
-  head/           the final head (`head_io.save_draft`; eagle: `eagle.save_eagle`)
+  head/           the final head (its kind's `save`: `head_io.save_draft` for block heads)
 """
 
 from __future__ import annotations
@@ -45,21 +44,20 @@ from tqdm.auto import tqdm
 
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
-from jetspec_jax.draft.head import DraftConfig, draft_config_for, draft_specs
+from jetspec_jax.draft.drafter import HeadConfig
+from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.io.checkpoints import read_info
-from jetspec_jax.io.heads import KIND as HEAD_KIND, read_any_draft, save_draft
+from jetspec_jax.io.heads import read_any_draft
 from jetspec_jax.io.shards import is_shard_export, read_shards, unflatten
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.params import check_params, init_params
-from jetspec_jax.train import eagle
+from jetspec_jax.train.head_kinds import HEADS
 from jetspec_jax.train.data import DatasetError, frequent_tokens, load_shards
 from jetspec_jax.train.features import load_features
 from jetspec_jax.train.loss import head_loss, stored_teacher_outputs, teacher_outputs
 from jetspec_jax.train.state import restore_state, save_state, state_dirs
 from jetspec_jax.train.parallel import data_mesh, data_parallel, place
-from jetspec_jax.train.throughput import Throughput, step_flops
-
-HEADS = ("jetspec", "dflash", "eagle")
+from jetspec_jax.train.throughput import Throughput
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +68,7 @@ class TrainConfig:
     feature_dir: str | None = None  # cached teacher (features.py) of data_dir: no target pass
     eval_feature_dir: str | None = None  # cached teacher of eval_dir (feature_dir mode only)
     head: str = "jetspec"  # one of HEADS
-    head_layers: int = 5  # (eagle: always one layer)
+    head_layers: int = 5  # (block heads)
     block_size: int = 16  # draft depth block_size - 1 for every head
     num_taps: int = 5
     mask_token_id: int | None = None  # None: learned mask embedding (recommended, see loss.py)
@@ -85,7 +83,6 @@ class TrainConfig:
     gamma: float | None = 7.0
     depth1_weight: float | None = None  # replaces depth 1's weight exp(0) = 1 (`loss.py`)
     norm_from_target: bool = False  # a fresh head's final norm starts as the target's
-    prefix_fill: float = 0.0  # probability that a block gets a true-token prefix (block heads)
     # the head drafts only this many token ids, the training answers' most frequent
     # (`frequent_tokens`); kept from the checkpoint or init_head when they have one of this size
     draft_vocab: int | None = None
@@ -111,7 +108,8 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.head not in HEADS:
-            raise ValueError(f"unknown head {self.head!r}; choose from {sorted(HEADS)}")
+            raise ValueError(f"unknown head {self.head!r}; choose from {sorted(HEADS)} (or "
+                             "register its kind: `head_kinds.register`)")
         for name in ("steps", "batch_size", "num_anchors", "log_every", "ckpt_every",
                      "keep_ckpts", "eval_every"):
             if getattr(self, name) < 1:
@@ -131,33 +129,27 @@ class TrainConfig:
                              f"{data_parallel(self.mesh)} devices of mesh {self.mesh!r}")
         if self.eval_feature_dir and not (self.feature_dir and self.eval_dir):
             raise ValueError("eval_feature_dir needs feature_dir and eval_dir")
-        if not 0.0 <= self.prefix_fill <= 1.0:
-            raise ValueError(f"prefix_fill must be in [0, 1], got {self.prefix_fill}")
-        if self.draft_vocab is not None and (self.draft_vocab < 1 or self.head == "eagle"):
+        if self.draft_vocab is not None and (
+                self.draft_vocab < 1 or HEADS[self.head].config_type is not DraftConfig):
             raise ValueError(f"draft_vocab must be >= 1 and needs a block head (jetspec or "
                              f"dflash), got {self.draft_vocab} for {self.head!r}")
         if self.teacher_top_k < 1:
             raise ValueError(f"teacher_top_k must be >= 1, got {self.teacher_top_k}")
-        if self.prefix_fill > 0 and self.head == "eagle":
-            raise ValueError("prefix_fill needs a block head (jetspec or dflash); the eagle "
-                             f"head drafts a chain, got prefix_fill={self.prefix_fill}")
 
     def draft_config(self, tcfg: ModelConfig,
-                     draft_vocab: tuple[int, ...] | None = None) -> DraftConfig | eagle.EagleConfig:
+                     draft_vocab: tuple[int, ...] | None = None) -> HeadConfig:
         """The head this config trains; draft_vocab: its ids, when `self.draft_vocab` is set."""
-        if self.head == "eagle":
-            return eagle.eagle_config_for(tcfg, num_taps=self.num_taps, depth=self.block_size - 1)
-        dcfg = draft_config_for(tcfg, num_layers=self.head_layers, block_size=self.block_size,
-                                num_taps=self.num_taps, mask_token_id=self.mask_token_id,
-                                causal=self.head == "jetspec", draft_vocab=draft_vocab)
-        dcfg.check_target(tcfg)
+        dcfg = HEADS[self.head].make_config(self, tcfg)
+        if draft_vocab is not None:
+            dcfg = dataclasses.replace(dcfg, draft_vocab=draft_vocab)
+            dcfg.check_target(tcfg)
         return dcfg
 
 
 @dataclasses.dataclass
 class TrainResult:
     dparams: dict
-    dcfg: DraftConfig | eagle.EagleConfig
+    dcfg: HeadConfig
     step: int
     out_dir: Path
 
@@ -212,7 +204,7 @@ def make_optimizer(cfg: TrainConfig, offset: int = 0):
     return tx, schedule
 
 
-def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: DraftConfig | eagle.EagleConfig, tx,
+def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: HeadConfig, tx,
                stored: bool = False):
     """Jitted (train_step, eval_step); only dparams is differentiated. stored: batches carry
     a top-K teacher (`data.make_dataset(teacher_top_k=K)`, or a feature cache with the taps
@@ -222,19 +214,18 @@ def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: DraftConfig | eagle.Ea
     top_k = (min(cfg.teacher_top_k, tcfg.vocab_size)
              if getattr(dcfg, "draft_vocab", None) is not None else None)
 
-    def loss_and_metrics(dparams, tparams, batch, key, prefix_fill=0.0):
+    def loss_and_metrics(dparams, tparams, batch, key):
         if stored:
             teach = stored_teacher_outputs(tparams, tcfg, dcfg, batch, key, cfg.num_anchors)
         else:
             teach = teacher_outputs(tparams, tcfg, dcfg, batch, key, cfg.num_anchors, top_k)
         return head_loss(dparams, dcfg, tparams, tcfg, batch["tokens"], teach, cfg.gamma,
-                         key=jax.random.fold_in(key, 1), prefix_fill=prefix_fill,
                          depth1_weight=cfg.depth1_weight, anchor_chunk=cfg.anchor_chunk)
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def train_step(dparams, opt_state, tparams, batch, key):
         (loss, m), grads = jax.value_and_grad(loss_and_metrics, has_aux=True)(
-            dparams, tparams, batch, key, cfg.prefix_fill)
+            dparams, tparams, batch, key)
         updates, opt_state = tx.update(grads, opt_state, dparams)
         return (optax.apply_updates(dparams, updates), opt_state,
                 {"loss": loss, "grad_norm": optax.tree.norm(grads), **m})
@@ -292,13 +283,13 @@ def mean_accepted_length(cfg: TrainConfig, tcfg, dcfg, dparams, tparams, data) -
 def load_init_head(cfg: TrainConfig, dcfg, specs) -> tuple[dict, dict, tuple | None]:
     """(float32 params, their metadata: "steps" trained and "train_seconds" when recorded, their
     draft vocabulary) of cfg.init_head: an orbax
-    head directory, or `save_draft` / `save_eagle` safetensors files (a folder, or the files),
+    head directory, or the safetensors files of its kind's `save` (a folder, or the files),
     which must hold a head of this config."""
     paths = [Path(p) for p in cfg.init_head]
     src = paths[0] if len(paths) == 1 else paths
-    kind = eagle.KIND if cfg.head == "eagle" else HEAD_KIND
+    kind = HEADS[cfg.head].checkpoint_kind
     if len(paths) == 1 and (paths[0] / "metadata.json").exists():
-        got, params = (eagle.load_eagle if cfg.head == "eagle" else read_any_draft)(src)
+        got, params = HEADS[cfg.head].load(src)
         meta = read_info(src)[1]
     elif is_shard_export(src):
         got_kind, config, flat, meta = read_shards(src)
@@ -348,7 +339,7 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
     wins over cfg.init_head (a rerun of the same command resumes from it)."""
     out = Path(cfg.out_dir)
     dcfg = cfg.draft_config(tcfg)  # its draft vocabulary, if any, is chosen below
-    specs = eagle.eagle_specs(dcfg) if cfg.head == "eagle" else draft_specs(dcfg)
+    specs = HEADS[cfg.head].specs(dcfg)
     ckpts = state_dirs(out / "checkpoints")
     init, start_step, previous_vocab = None, cfg.start_step, None
     if cfg.init_head and not ckpts:
@@ -406,7 +397,8 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
     base_key = jax.random.key(cfg.seed + 1)
     start, window = time.time() - elapsed, []
     seq_len = data["tokens"].shape[1]
-    flops = None if cfg.head == "eagle" else step_flops(
+    count_flops = HEADS[cfg.head].step_flops
+    flops = None if count_flops is None else count_flops(
         tcfg, dcfg, batch=cfg.batch_size, seq_len=seq_len, anchors=cfg.num_anchors,
         anchor_chunk=cfg.anchor_chunk,
         teacher="features" if "taps" in data else "stored" if stored else "online")["step"]
@@ -451,11 +443,10 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
     bar.close()
     timed_out = out_of_time and step < cfg.steps
     if step == cfg.steps or timed_out:
-        save = eagle.save_eagle if cfg.head == "eagle" else save_draft
-        save(out / "head", jax.device_get(dparams), dcfg, overwrite=True,
-             metadata={"steps": step, "complete": not timed_out,
-                       "train_seconds": round(time.time() - start, 1),
-                       "train_config": dataclasses.asdict(cfg)})
+        HEADS[cfg.head].save(out / "head", jax.device_get(dparams), dcfg, overwrite=True,
+                             metadata={"steps": step, "complete": not timed_out,
+                                       "train_seconds": round(time.time() - start, 1),
+                                       "train_config": dataclasses.asdict(cfg)})
     return TrainResult(dparams=dparams, dcfg=dcfg, step=step, out_dir=out)
 
 

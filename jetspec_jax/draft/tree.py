@@ -11,7 +11,7 @@ The tree grows best-first: repeatedly pop the open node with the highest cumulat
   chain:      cap[d] = 1 (a single greedy path)
 Node order is insertion order, so parent index < child index. Shapes are static: N = budget
 nodes including the root; nodes the tree cannot fill are padding (valid False).
-`jetspec_jax.decode.tree_reference.build_tree_numpy` is the plain heapq reference it must match.
+`jetspec_jax.draft.tree_reference.build_tree_numpy` is the plain heapq reference it must match.
 
 Without the loop (`_grow_sorted`; `_statics` says which methods use it): log-probs are <= 0,
 so a child never beats its parent and the heap pops nodes in one fixed "pop order": higher score
@@ -34,7 +34,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.options import TREE_METHODS as METHODS  # jax-free: the CLI reads it
+from jetspec_jax.draft.tree_spec import METHODS, TreeSpec
 
 
 @flax.struct.dataclass
@@ -84,20 +84,9 @@ def tree_caps(topk_logprobs, method: str, beta=1.0, g0=1.0) -> jax.Array:
     return jnp.clip(jnp.round(width * share).astype(jnp.int32), 1, width)
 
 
-def reachable_depth(budget: int, width: int, method: str) -> int:
-    """The deepest node a tree of `budget` nodes can hold. accum_logp expands every node into
-    min(width, nodes left) children, so reaching depth d takes at least 1 + width * (d - 1) + 1
-    nodes; chain and top2gap caps can be 1 (a chain of budget - 1)."""
-    if method == "accum_logp":
-        return -(-(budget - 1) // width)
-    return budget - 1
-
-
 def _check(topk_logprobs, topk_tokens, budget, method, batched):
-    if method not in METHODS:
-        raise ValueError(f"unknown tree method {method!r}; expected one of {METHODS}")
-    if int(budget) != budget or budget < 1:
-        raise ValueError(f"budget must be an integer >= 1 (nodes including the root), got {budget}")
+    if problems := TreeSpec.problems(budget, method=method):
+        raise ValueError("; ".join(problems))
     ndim = 3 if batched else 2
     if topk_logprobs.ndim != ndim or topk_logprobs.shape != topk_tokens.shape:
         want = "[B, D, K]" if batched else "[D, K]"

@@ -1,7 +1,6 @@
-"""Training the EAGLE-style head (`jetspec_jax.draft.eagle`: the head, its dynamic tree and
-its drafter, which the one speculative round serves): the unrolled "training-time test" chain
-(`eagle_logits`), and its checkpoints (save, load, convert). The head's names are re-exported
-here for the trainer."""
+"""Training the EAGLE-style head (`eagle.py`: the head, its dynamic tree and its drafter): the
+unrolled "training-time test" chain (`eagle_logits`) and its checkpoints (save, load,
+convert), registered as the trainer's head kind "eagle" (`jetspec_jax.train.head_kinds`)."""
 
 from __future__ import annotations
 
@@ -10,14 +9,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.draft.eagle import (  # noqa: F401  (re-exported: the head the trainer trains)
-    EagleConfig, draft_tree, eagle_config_for, eagle_specs, extend, fuse_taps, logits,
-    prompt_context, shift, step)
 from jetspec_jax.draft.head import dense_attention
 from jetspec_jax.io.checkpoints import CheckpointError, carried_metadata, load_tree, save_tree
 from jetspec_jax.io.shards import is_shard_export, read_shards, save_shards, unflatten
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.params import check_params
+from jetspec_jax.train.head_kinds import HeadKind, register
+from lab.eagle import EagleConfig, eagle_config_for, eagle_specs, fuse_taps, logits, shift, step
 
 
 KIND = "eagle_head"
@@ -94,3 +92,17 @@ def eagle_logits(eparams, ecfg: EagleConfig, tparams, tcfg: ModelConfig, taps, t
     hidden = jnp.stack(depth_hidden, axis=2)  # [B, A, D, D_model]
     return logits(eparams, ecfg, tparams, tcfg, hidden.reshape(b, a * ecfg.depth, -1)).reshape(
         b, a, ecfg.depth, -1)
+
+
+def _training_logits(eparams, ecfg: EagleConfig, tparams, tcfg: ModelConfig, taps, tokens):
+    return lambda anchors: eagle_logits(eparams, ecfg, tparams, tcfg, taps, tokens, anchors)
+
+
+def _config(cfg, tcfg: ModelConfig) -> EagleConfig:
+    """The trainer's block_size - 1 depths; one layer whatever head_layers says."""
+    return eagle_config_for(tcfg, num_taps=cfg.num_taps, depth=cfg.block_size - 1)
+
+
+register("eagle", HeadKind(
+    config_type=EagleConfig, checkpoint_kind=KIND, make_config=_config, specs=eagle_specs,
+    training_logits=_training_logits, save=save_eagle, load=load_eagle, convert=convert_eagle))

@@ -1,12 +1,13 @@
 """The EAGLE-style autoregressive draft head: the baseline that pays one draft forward per
-depth, as a drafter of the one speculative round (`decode.speculative`).
+depth, as a drafter of the one speculative round (`jetspec_jax.decode.speculative`),
+registered for its config type (`jetspec_jax.draft.drafter.register`).
 
 One decoder layer (the target's width, heads and MLP) reads, at position t, the pair
 (feature of position t-1, token t) fused by a linear layer from [normed token embedding ;
 feature] and predicts token t+1 with the target's LM head. Features are the target's fused
 taps (`fc` + `hidden_norm`) for committed positions and the layer's own output hidden state
 for drafted ones, so depth d+1 is conditioned on its exact branch (EAGLE-2/3 style dynamic
-tree, trained with the unrolled "training-time test", `train/eagle.py`).
+tree, trained with the unrolled "training-time test", `eagle_training.py`).
 
 Drafting a round with anchor x_p (position p, not yet in the context):
   1. the committed tokens since the last round (the anchor last) are appended to the context;
@@ -26,8 +27,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.decode.tree import DraftTree, ancestor_matrix
-from jetspec_jax.draft import head as draft_head
+from jetspec_jax.draft.tree import DraftTree, ancestor_matrix
+from jetspec_jax.draft import drafter, head as draft_head
 from jetspec_jax.draft.head import dense_attention
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache, write_slots
@@ -194,13 +195,13 @@ def _select(tokens, parents, depths, scores, *, budget: int, max_depth: int) -> 
                      ancestors=jax.vmap(lambda x: ancestor_matrix(x, max_depth))(par))
 
 
-# ---- the drafter of `decode.speculative` (`jetspec_jax.draft.drafter.Drafter`) -------------
+# ---- the drafter of the speculative round (`jetspec_jax.draft.drafter.Drafter`) -----------
 
 
 class EagleDrafter:
     """Its context holds (feature, token) entries; a round first adds the entries of the
     tokens committed since the last one (the anchor last), then grows the tree depth by
-    depth. No path-conditioned pass, no adaptive budget: the tree is its own."""
+    depth. No adaptive budget: the tree is its own."""
 
     @staticmethod
     def start(eparams, ecfg: EagleConfig, tparams, prompt, prompt_lens, prompt_taps, *,
@@ -216,9 +217,8 @@ class EagleDrafter:
     def draft(eparams, ecfg: EagleConfig, tparams, tcfg: ModelConfig, state, active, *,
               tree_spec, kernels: Kernels):
         del kernels  # the dynamic tree's attention is the dense reference
-        if tree_spec.draft_mode != "per_depth" or tree_spec.buckets:
-            raise ValueError("the EAGLE-style head grows its own tree: draft_mode 'per_depth' "
-                             "and a fixed budget only")
+        if tree_spec.buckets:
+            raise ValueError("the EAGLE-style head grows its own tree: a fixed budget only")
         count = jnp.where(active, state.pending_count, 0)
         out, blk = state.out, ecfg.block_size  # the committed tokens: the last count of out
         tokens = jax.vmap(lambda row, at: jax.lax.dynamic_slice(row, (at,), (blk,)))(
@@ -230,6 +230,5 @@ class EagleDrafter:
                           budget=tree_spec.budget, width=tree_spec.width)
         return tree, cache
 
-    @staticmethod
-    def refine(eparams, ecfg, tparams, tcfg, cache, tree, *, tree_spec, kernels):
-        return tree
+
+drafter.register(EagleConfig, EagleDrafter())

@@ -1,4 +1,4 @@
-"""Plain NumPy + heapq reference for `jetspec_jax.decode.tree.build_tree` (tests only; slow, host-side).
+"""Plain NumPy + heapq reference for `jetspec_jax.draft.tree.build_tree` (tests only; slow, host-side).
 
 It follows the JetSpec pseudo-code literally, with float32 score arithmetic, so the on-device
 builder must match it exactly (same node order, tokens, parents, depths, scores)."""
