@@ -118,7 +118,7 @@ def test_draft_vocabulary_is_checked():
 
     tcfg, _ = tiny_target("dense", seed=0, vocab=12)
     dcfg, _ = tiny_head(tcfg)
-    for ids, why in (((3, 12), "must lie in the target vocab"), ((), "must lie in the target vocab"),
-                     ((1, 1), "repeat")):
+    outside = "must lie in the target vocab"
+    for ids, why in (((3, 12), outside), ((), outside), ((1, 1), "repeat")):
         with pytest.raises(ValueError, match=why):
             dataclasses.replace(dcfg, draft_vocab=ids).check_target(tcfg)

@@ -307,7 +307,8 @@ def test_draft_vocabulary_training(tiny, dataset, tmp_path):
     rows = read_metrics(tmp_path / "a" / "metrics.jsonl")
     assert rows[-1]["eval"]["tau"] >= 1.0
     more = train_config(dataset, tmp_path / "b", draft_vocab=6, steps=12, batch_size=2,
-                        data_dir=str(dataset / "heldout"), init_head=(str(tmp_path / "a" / "head"),))
+                        data_dir=str(dataset / "heldout"),
+                        init_head=(str(tmp_path / "a" / "head"),))
     assert train(more, tp, tcfg, progress=False).dcfg.draft_vocab == ids
 
 

@@ -4,9 +4,9 @@ Per sequence, A anchors are drawn in the response region; the block at anchor a 
 d = 1..blk-1 and slot d is trained towards the target's own next-token distribution for
 position a + d (the target's logits at a + d - 1): forward KL(target || head), which keeps
 the target's whole distribution (better for tree drafting than hard labels). Depth d may be
-weighted by exp(-(d-1)/gamma): early depths decide most of the accepted length. With a feature
-cache (`features.py`) the teacher is the target's top-K renormalised over those K tokens, and
-the KL is sum_k p_k (log p_k - log q_k) with the head's full log-softmax q. Every kind of
+weighted by exp(-(d-1)/gamma): early depths decide most of the accepted length. With a top-K
+teacher (stored with the data, `teacher.py`, or computed online for a head with a draft
+vocabulary) the KL is over those K tokens and the rest's mass (`slot_topk_kl`). Every kind of
 head (`head_kinds.py`) is trained the same way on its own drafts of the D depths.
 The anchors run in chunks (`map_anchor_chunks`): the head's logits and the teacher's
 log-probabilities of one chunk, [B, chunk, blk-1, V] in float32, are all a step holds at a time
@@ -189,9 +189,9 @@ def stored_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: HeadConfig, batch,
     """`teacher_outputs` with a top-K teacher stored beside the tokens: batch also holds
     top_logp, top_ids [B, T, K] (`data.make_dataset(teacher_top_k=K)` or a feature cache,
     `features.py`) and, from a feature cache, taps [B, T, k*D]; without taps the target runs
-    for them (no LM head, and XLA drops the layers after the last tapped one). The same key draws the
-    same anchors. -> dict with taps (in the target's dtype), anchors, valid and the teacher
-    top_logp, top_ids [B, A, blk-1, K] at the anchors' slots."""
+    for them (no LM head, and XLA drops the layers after the last tapped one). The same key
+    draws the same anchors. -> dict with taps (in the target's dtype), anchors, valid and the
+    teacher top_logp, top_ids [B, A, blk-1, K] at the anchors' slots."""
     anchors, pos, valid = _anchor_slots(key, batch, num_anchors, dcfg.depth)
     if "taps" in batch:
         taps = batch["taps"].astype(tparams["embed"].dtype)

@@ -1,12 +1,11 @@
 """The target as teacher: its K most likely next tokens, computed once per position.
 
 A head is trained towards the target's next-token distribution at each drafted position. Kept
-whole, that is a [V] vector per slot, and its log-softmax over 49k-151k entries is most of a
-training step's memory traffic; its top K (32 keeps all but a few percent of the mass on
-self-distilled answers, see docs/training.md) is K log-probabilities and ids per position,
-small enough to store beside the tokens at data generation (`data.make_dataset`), so training
-runs no teacher LM head at all. The loss (`loss.slot_topk_kl`) compares head and teacher on
-those K tokens and the rest's mass.
+whole, that is a [V] vector per slot, and its log-softmax over 49k-151k entries is much of a
+training step's memory traffic; its top K is K log-probabilities and ids per position, small
+enough to store beside the tokens at data generation (`data.make_dataset`), so training runs
+no teacher LM head at all. The loss (`loss.slot_topk_kl`) compares head and teacher on those K
+tokens and the rest's mass, so what K leaves out still counts as one outcome.
 """
 
 from __future__ import annotations

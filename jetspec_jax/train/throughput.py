@@ -3,8 +3,9 @@
 Counted as the step computes them: matmuls only (2 FLOPs a multiply-add), attention over every
 key it scores (the dense masked training attention, causal target attention in full). A step
 is the frozen target's forward over B x T tokens with its LM head at every position (no LM head
-with a stored top-K teacher, no target at all with a feature cache), and the head's forward and backward (3x its forward, the usual estimate;
-the recomputation of checkpointed anchor chunks is not model work and is not counted).
+with a stored top-K teacher, no target at all with a feature cache), and the head's forward
+and backward (3x its forward, the usual estimate; the recomputation of checkpointed anchor
+chunks is not model work and is not counted).
 
     flops = step_flops(tcfg, dcfg, batch=32, seq_len=448, anchors=256, anchor_chunk=32)
     mfu = flops["step"] / seconds_per_step / 790e12
