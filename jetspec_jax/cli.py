@@ -645,7 +645,7 @@ TRAIN_DEFAULTS = dict(head="jetspec", head_layers=5, block_size=16, num_taps=5, 
                       ckpt_every=200, log_every=10, eval_every=200, eval_batches=4,
                       tau_prompts=4, tau_max_new=64, tree_budget=64, start_step=None, seed=0,
                       lr=6e-4, gamma=7.0, depth1_weight=None, peak_flops=7.9e14,
-                      draft_vocab=None, teacher_top_k=32)
+                      draft_vocab=None, draft_vocab_coverage=None, teacher_top_k=32)
 
 
 def _train_draft_parser(sub, heads: tuple[str, ...]) -> None:
@@ -695,6 +695,9 @@ def _train_draft_parser(sub, heads: tuple[str, ...]) -> None:
                    help="the head drafts only N token ids, the training answers' most frequent "
                    "(kept from --init-head or the checkpoint when they have N): its LM head "
                    "and loss cost N/V of the full vocabulary's (default: all V)")
+    p.add_argument("--draft-vocab-coverage", type=float, default=d.draft_vocab_coverage,
+                   metavar="P", help="instead of --draft-vocab N: the fewest ids (a multiple of "
+                   "1024) that cover this share of the training answers' tokens, e.g. 0.995")
     p.add_argument("--teacher-top-k", type=positive_int, default=d.teacher_top_k, metavar="K",
                    help="with --draft-vocab and data made without --teacher-top-k: the online "
                    "teacher's K (default: %(default)s)")

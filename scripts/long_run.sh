@@ -6,12 +6,13 @@
 # to STATE (written beside it, then moved in: an interrupted stretch leaves STATE as it was).
 #   DEADLINE=$(($(date +%s) + 1800)) bash scripts/long_run.sh      # a 30-minute stretch
 # The first stretch starts from the shipped head (checkpoints/smollm2-135m-jetspec), with a
-# draft vocabulary of DRAFT_VOCAB ids picked from its data; later ones keep that vocabulary.
+# draft vocabulary picked from its data; later ones keep that vocabulary.
 # Each stretch re-warms a fresh optimizer over WARMUP steps at the step it continues from.
 # Settings from the environment [defaults]: STATE [checkpoints/smollm2-135m-jetspec-run]
 #   RUN [runs/long-run] scratch folder  PROMPTS [the exported prompt file, required]
 #   SEQS [22000] prompts per stretch (one greedy and one sampled answer each: ~20M tokens)
-#   STEPS [40000]  BATCH [32]  LR [4e-4]  WARMUP [200]  DRAFT_VOCAB [8192]  PY [python3]
+#   STEPS [40000]  BATCH [32]  LR [4e-4]  WARMUP [200]  PY [python3]
+#   DRAFT_VOCAB_COVERAGE [0.995] the share of the first stretch's answer tokens it covers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${STATE:-checkpoints/smollm2-135m-jetspec-run}
@@ -44,7 +45,8 @@ env "${common[@]}" STAGES=data SEQS="${SEQS:-22000}" HELDOUT=128 MAX_PROMPT=512 
   SAMPLES=1 SEED="$seed" TEACHER_TOP_K=32 GEN_BATCH=512 bash scripts/train_default_head.sh
 env "${common[@]}" "${start[@]}" STAGES=train INIT_HEAD="${init[*]}" STEPS="${STEPS:-40000}" \
   LR="${LR:-4e-4}" WARMUP="${WARMUP:-200}" GAMMA=3 DEPTH1_WEIGHT=3 LAYERS=3 BATCH="${BATCH:-32}" \
-  ANCHORS=256 ANCHOR_CHUNK=32 DRAFT_VOCAB="${DRAFT_VOCAB:-8192}" EVAL_EVERY=1000 \
+  ANCHORS=256 ANCHOR_CHUNK=32 DRAFT_VOCAB_COVERAGE="${DRAFT_VOCAB_COVERAGE:-0.995}" \
+  EVAL_EVERY=1000 \
   TAU_PROMPTS=64 TAU_MAX_NEW=512 CKPT_EVERY=500 DEADLINE="$DEADLINE" \
   bash scripts/train_default_head.sh
 rm -rf "$RUN/export"

@@ -18,7 +18,8 @@
 #   SEED [0] of the sampled answers (another seed: new answers to the same prompts)
 #   STEPS [2400]  BATCH [32]  ANCHORS [256]  ANCHOR_CHUNK [32]  LAYERS [3]  BLOCK [16]
 #   LR [6e-4]  WARMUP [100]  GAMMA [7]  DEPTH1_WEIGHT [none]  NORM_FROM_TARGET [0 | 1]
-#   DRAFT_VOCAB [none] token ids the head drafts (the answers' most frequent)
+#   DRAFT_VOCAB [none] token ids the head drafts (the answers' most frequent), or
+#   DRAFT_VOCAB_COVERAGE [none] the share of answer tokens they must cover (e.g. 0.995)
 #   EVAL_EVERY [600]  TAU_PROMPTS [64]  TAU_MAX_NEW [64]  TAU_BUDGET [64]  CKPT_EVERY [300]
 #   DTYPE [bfloat16]  HEAD [jetspec | dflash | eagle (the lab's: `python -m lab`)]
 #   MESH [none, e.g. data=2]
@@ -55,6 +56,7 @@ if has train; then
   [[ -n "${TIME_LIMIT:-}" ]] && extra+=(--time-limit "$TIME_LIMIT")
   [[ -n "${DEPTH1_WEIGHT:-}" ]] && extra+=(--depth1-weight "$DEPTH1_WEIGHT")
   [[ -n "${DRAFT_VOCAB:-}" ]] && extra+=(--draft-vocab "$DRAFT_VOCAB")
+  [[ -n "${DRAFT_VOCAB_COVERAGE:-}" ]] && extra+=(--draft-vocab-coverage "$DRAFT_VOCAB_COVERAGE")
   [[ "${NORM_FROM_TARGET:-0}" == 1 ]] && extra+=(--norm-from-target)
   [[ -n "${MESH:-}" ]] && extra+=(--mesh "$MESH")
   if [[ -n "${INIT_HEAD:-}" ]]; then

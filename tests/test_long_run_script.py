@@ -45,7 +45,7 @@ def test_stretches_continue_one_run(tmp_path):
     assert "--max-prompt-len 512 " in data[0] and "--max-new-tokens 512 " in data[0]
     assert len(train) == 1 and "--init-head checkpoints/smollm2-135m-jetspec " in train[0]
     assert "--start-step 0" in train[0] and "--steps 40000 " in train[0]
-    assert "--draft-vocab 8192" in train[0]
+    assert "--draft-vocab-coverage 0.995" in train[0]
     state = tmp_path / "state"
     assert (state / "part-00001-of-00001.safetensors").exists()
     assert (state / "metrics.jsonl").read_text().count("step") == 1

@@ -298,6 +298,13 @@ def test_draft_vocabulary_training(tiny, dataset, tmp_path):
     others = [i for i in range(tcfg.vocab_size) if i not in ids]
     assert min(counts[[i for i in ids if i not in tcfg.eos_token_ids]]) >= max(counts[others])
     assert D.vocab_coverage(data, ids) == counts[list(ids)].sum() / counts.sum()
+    for share in (0.5, 0.9, 1.0):  # the fewest frequent ids that cover the share
+        n = D.covering_size(data, share, tcfg.vocab_size, multiple=1)
+        top = D.frequent_tokens(data, n, tcfg.vocab_size)
+        assert D.vocab_coverage(data, top) >= share - 1e-9
+        assert n == 1 or D.vocab_coverage(data, D.frequent_tokens(
+            data, n - 1, tcfg.vocab_size)) < share
+    assert D.covering_size(data, 0.5, tcfg.vocab_size, multiple=4) % 4 == 0
     cfg = train_config(dataset, tmp_path / "a", draft_vocab=6, steps=10,
                        eval_dir=str(dataset / "heldout"))
     result = train(cfg, tp, tcfg, progress=False)

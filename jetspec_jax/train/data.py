@@ -297,6 +297,16 @@ def frequent_tokens(data: dict, size: int, vocab_size: int, always=()) -> tuple[
     return tuple(sorted(first + [int(i) for i in rest]))
 
 
+def covering_size(data: dict, share: float, vocab_size: int, multiple: int = 1024) -> int:
+    """The fewest most-frequent tokens that cover `share` of the answer tokens in data, rounded
+    up to a multiple of `multiple` (matmul-friendly widths), at most vocab_size."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"draft vocabulary coverage must be in (0, 1], got {share}")
+    counts = np.sort(np.bincount(_answer_tokens(data), minlength=vocab_size))[::-1]
+    need = int(np.searchsorted(np.cumsum(counts), share * counts.sum() - 1e-9)) + 1
+    return min(-(-need // multiple) * multiple, vocab_size)
+
+
 def vocab_coverage(data: dict, ids) -> float:
     """Share of the answer tokens in data whose id is in ids."""
     tokens = _answer_tokens(data)

@@ -52,7 +52,7 @@ from jetspec_jax.io.shards import is_shard_export, read_shards, unflatten
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.params import check_params, init_params
 from jetspec_jax.train.head_kinds import HEADS
-from jetspec_jax.train.data import DatasetError, frequent_tokens, load_shards
+from jetspec_jax.train.data import DatasetError, covering_size, frequent_tokens, load_shards
 from jetspec_jax.train.features import load_features
 from jetspec_jax.train.loss import head_loss, stored_teacher_outputs, teacher_outputs
 from jetspec_jax.train.state import restore_state, save_state, state_dirs
@@ -86,6 +86,7 @@ class TrainConfig:
     # the head drafts only this many token ids, the training answers' most frequent
     # (`frequent_tokens`); kept from the checkpoint or init_head when they have one of this size
     draft_vocab: int | None = None
+    draft_vocab_coverage: float | None = None  # or the fewest ids covering this answer share
     teacher_top_k: int = 32  # an online teacher's K when the head has a draft vocabulary
     anchor_chunk: int | None = 32  # anchors per chunk of the loss (memory; must divide A)
     seed: int = 0
@@ -129,10 +130,14 @@ class TrainConfig:
                              f"{data_parallel(self.mesh)} devices of mesh {self.mesh!r}")
         if self.eval_feature_dir and not (self.feature_dir and self.eval_dir):
             raise ValueError("eval_feature_dir needs feature_dir and eval_dir")
-        if self.draft_vocab is not None and (
-                self.draft_vocab < 1 or HEADS[self.head].config_type is not DraftConfig):
-            raise ValueError(f"draft_vocab must be >= 1 and needs a block head (jetspec or "
-                             f"dflash), got {self.draft_vocab} for {self.head!r}")
+        wants_vocab = self.draft_vocab is not None or self.draft_vocab_coverage is not None
+        if wants_vocab and HEADS[self.head].config_type is not DraftConfig:
+            raise ValueError(f"a draft vocabulary needs a block head (jetspec or dflash), not "
+                             f"{self.head!r}")
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            raise ValueError(f"draft_vocab must be >= 1, got {self.draft_vocab}")
+        if self.draft_vocab is not None and self.draft_vocab_coverage is not None:
+            raise ValueError("give draft_vocab (a size) or draft_vocab_coverage, not both")
         if self.teacher_top_k < 1:
             raise ValueError(f"teacher_top_k must be >= 1, got {self.teacher_top_k}")
 
@@ -312,14 +317,17 @@ def load_init_head(cfg: TrainConfig, dcfg, specs) -> tuple[dict, dict, tuple | N
 
 def choose_draft_vocab(cfg: TrainConfig, data, tcfg: ModelConfig,
                        previous: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """The head's draft vocabulary: None without cfg.draft_vocab; else the one the run already
-    has (previous, from its checkpoint or init_head) when of that size, so every stretch of a
-    long run drafts the same ids; else the training answers' most frequent tokens."""
-    if cfg.draft_vocab is None:
+    """The head's draft vocabulary: None without cfg.draft_vocab(_coverage); else the one the run
+    already has (previous, from its checkpoint or init_head) unless cfg.draft_vocab asks for
+    another size, so every stretch of a long run drafts the same ids; else the training
+    answers' most frequent tokens, cfg.draft_vocab of them or as many as cover
+    cfg.draft_vocab_coverage of the answers."""
+    if cfg.draft_vocab is None and cfg.draft_vocab_coverage is None:
         return None
-    if previous is not None and len(previous) == cfg.draft_vocab:
+    if previous is not None and cfg.draft_vocab in (None, len(previous)):
         return tuple(previous)
-    return frequent_tokens(data, cfg.draft_vocab, tcfg.vocab_size, tcfg.eos_token_ids)
+    size = cfg.draft_vocab or covering_size(data, cfg.draft_vocab_coverage, tcfg.vocab_size)
+    return frequent_tokens(data, size, tcfg.vocab_size, tcfg.eos_token_ids)
 
 
 def fresh_params(cfg: TrainConfig, specs, tparams) -> dict:
