@@ -54,7 +54,11 @@ def child(root: Path) -> None:
     one = train(cfg, tp, tcfg, progress=False)
     four = train(dataclasses.replace(cfg, out_dir=str(root / "four"), mesh=f"data={FAKE_DEVICES}",
                                      tau_prompts=2), tp, tcfg, progress=False)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6),
+    # The mesh sums the gradient in another order, and AdamW divides each gradient element by
+    # its own RMS: an element whose gradient is near zero carries that rounding into a visible
+    # share of its update (seen: one of 8,192 weights 3e-5 apart after 3 steps). A wrong split
+    # of the batch moves every weight by a share of lr = 3e-3 instead.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=5e-5, atol=1e-6),
                  jax.device_get(four.dparams), jax.device_get(one.dparams))
     a, b = (read_metrics(root / d / "metrics.jsonl")[-1] for d in ("one", "four"))
     np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5)
