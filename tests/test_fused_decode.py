@@ -210,8 +210,7 @@ def test_model_decode_with_fused_kernel_matches_reference(kind):
     attention kernel's summation order. Autoregressive decoding gives the reference's
     tokens."""
     from jetspec_jax.decode.autoregressive import ar_generate, prefill
-    from jetspec_jax.decode.sampling import Sampler
-    from helpers import random_prompts, tiny_target
+    from helpers import loop_args, random_prompts, tiny_target
 
     cfg, params = tiny_target(kind, seed=3, vocab=32)
     prompt, lens = random_prompts(np.random.default_rng(4), 2, 5, 32)
@@ -228,9 +227,9 @@ def test_model_decode_with_fused_kernel_matches_reference(kind):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(np.asarray(got_h), np.asarray(want_h), atol=1e-5, rtol=1e-5)
 
-    outs = {impl: ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, max_new=6,
-                              sampler=Sampler(), stop_ids=(), num_slots=16, kernels=impl,
-                              cache_dtype=jnp.float32)
+    outs = {impl: ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg,
+                              **loop_args(max_new=6, num_slots=16, kernels=impl,
+                                          cache_dtype=jnp.float32))
             for impl in impls}
     np.testing.assert_array_equal(np.asarray(outs[FUSED].tokens),
                                   np.asarray(outs[Kernels()].tokens))

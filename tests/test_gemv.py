@@ -19,9 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import random_prompts, tiny_target
+from helpers import loop_args, random_prompts, tiny_target
 from jetspec_jax.decode.autoregressive import ar_generate
-from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.model import layers
 from jetspec_jax.model.kernels import Kernels
 from pallas_kernels import common
@@ -160,9 +159,10 @@ def test_greedy_decode_identical_with_pallas_matmul():
     of 3 x 7 = 21 rows and decode steps of 3 rows both go through it) as with XLA."""
     cfg, params = tiny_target("dense", seed=2, vocab=16)
     prompt, lens = random_prompts(np.random.default_rng(0), 3, 7, cfg.vocab_size)
-    kw = dict(max_new=6, sampler=Sampler(), stop_ids=(), num_slots=32)
-    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **kw)
-    got = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, kernels=PALLAS, **kw)
+    kw = dict(max_new=6, num_slots=32)
+    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **loop_args(**kw))
+    got = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg,
+                      **loop_args(kernels=PALLAS, **kw))
     np.testing.assert_array_equal(np.asarray(got.num_tokens), np.asarray(want.num_tokens))
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
 
@@ -295,11 +295,11 @@ def test_moe_greedy_decode_identical_with_grouped_kernel(monkeypatch):
     monkeypatch.setattr(api, "grouped_small_m_matmul_pallas", spy)
     cfg, params = tiny_target("moe", seed=4, vocab=16, num_experts=16)
     prompt, lens = random_prompts(np.random.default_rng(1), 3, 5, cfg.vocab_size)
-    kw = dict(max_new=5, sampler=Sampler(), stop_ids=(), num_slots=16)
-    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **kw)
+    kw = dict(max_new=5, num_slots=16)
+    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **loop_args(**kw))
     for kernels in (PALLAS, Kernels(matmul="tuned")):
-        got = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, kernels=kernels,
-                          **kw)
+        got = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg,
+                          **loop_args(kernels=kernels, **kw))
         np.testing.assert_array_equal(np.asarray(got.num_tokens), np.asarray(want.num_tokens))
         np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     assert (6,) in calls  # the kernel ran (traced) for the decode steps' pairs

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from fixtures.make_reference_head import (reference_config, reference_tap_ids,
                                           reference_weights, write_reference_head)
-from helpers import random_prompts, tiny_head, tiny_target
+from helpers import loop_args, random_prompts, tiny_head, tiny_target
 from safetensors.numpy import save_file
 
 from helpers import tree_equal
@@ -23,7 +23,6 @@ from jetspec_jax.io.checkpoints import CheckpointError, save_target
 from jetspec_jax.io.convert import ConversionError
 from jetspec_jax.io.heads import (check_head_fits, convert_head, read_any_draft,
                                  read_draft_checkpoint, load_reference_head, save_draft)
-from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 
 F32 = jnp.float32
@@ -122,7 +121,7 @@ def test_reference_head_drafts_losslessly(tmp_path):
     dp = jax.tree.map(lambda x: x.astype(F32), dp)
     tcfg, tp = tiny_target(seed=2)
     prompt, lens = random_prompts(np.random.default_rng(0), 3, 6, tcfg.vocab_size)
-    kw = dict(max_new=16, sampler=Sampler(), stop_ids=(), num_slots=96)
+    kw = loop_args(max_new=16, num_slots=96)
     ar = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, **kw)
     sd, stats = spec_generate(tp, dp, prompt, lens, jax.random.key(0), tcfg=tcfg, dcfg=dcfg,
                               tree_spec=TreeSpec(16, 4), **kw)
