@@ -49,9 +49,9 @@ from jetspec_jax.draft.drafter import HeadConfig
 from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.io.checkpoints import read_info
 from jetspec_jax.io.heads import read_any_draft
-from jetspec_jax.io.shards import is_shard_export, read_shards, unflatten
+from jetspec_jax.io.shards import is_shard_export, read_shards
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.model.params import check_params, init_params
+from jetspec_jax.model.params import check_params, init_params, unflatten
 from jetspec_jax.train.head_kinds import HEADS
 from jetspec_jax.train.data import DatasetError, frequent_tokens, load_shards
 from jetspec_jax.train.features import load_features
