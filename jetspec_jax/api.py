@@ -332,7 +332,7 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
                         dict(cfg=target.cfg, sampler=run.sampler, loop=run.loop))
 
     common = dict(prompt_lens=list(map(len, run.ids)),
-                  attn_impl=run.loop.kernels.attention,
+                  attn_impl=run.loop.kernels.attention_name,
                   greedy=run.opts.sampler.greedy)
     if draft is None:
         out, compile_s, seconds = autoregressive()

@@ -73,7 +73,8 @@ def test_pallas_projections_read_the_fused_layout():
     """matmul "pallas_interpret" on fused weights: one kernel for q/k/v and one for gate/up
     (3 fewer a layer than on separate weights), XLA's tokens."""
     cfg, params = tiny_target("dense", seed=5, vocab=32)
-    pallas, fused = Kernels(matmul="pallas", interpret=True), layout.fuse_projections(params)
+    pallas = Kernels(matmul=("pallas", "xla"), interpret=True)
+    fused = layout.fuse_projections(params)
     prompt, lens = random_prompts(np.random.default_rng(1), BATCH, PROMPT_LEN, cfg.vocab_size)
     def run(p, kernels):
         return ar_generate(p, prompt, lens, jax.random.key(0), cfg=cfg,

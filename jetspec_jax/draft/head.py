@@ -211,7 +211,7 @@ def head_hidden(dparams, dcfg: DraftConfig, cache: KVCache, x, positions, mask, 
     next round overwrites them."""
     cfg = dcfg.layers
     start = cache.lengths
-    impl, interpret = kernels.cache_attention()
+    impl, interpret = kernels.cache_attention(), kernels.interpret
     for p, kc, vc in zip(dparams["layers"], cache.k, cache.v):
         def attend(q, k, v, kc=kc, vc=vc):
             kc, vc = write_slots(kc, k, start), write_slots(vc, v, start)
