@@ -132,10 +132,10 @@ def build_variants(t):
             q, k, vv, p, m, config=MosaicConfig(block_k=64, stages=4, pv_via_smem=True),
             interpret=ip), False)
     if t == 1:
-        v["decode"] = (lambda q, k, vv, p, m, aux: decode_attention(q, k, vv, p, interpret=ip),
-                       True)
-    v["auto"] = (lambda q, k, vv, p, m, aux: cache_attention(q, k, vv, p, m, impl="auto",
-                                                             interpret=ip), False)
+        v["decode"] = (lambda q, k, vv, p, m, aux: decode_attention(
+            q, k, vv, p, impl="splitk", interpret=ip), True)
+    v["auto"] = (lambda q, k, vv, p, m, aux: cache_attention(q, k, vv, p, m, interpret=ip),
+                 False)  # the default list
 
     def cudnn(q, k, vv, p, m, aux):
         if t == 1:  # padding mask from lengths: no dense mask needed
@@ -325,12 +325,6 @@ def run_timing(stage, shapes, results, save, deadline, iters, unroll, skip_varia
         aux = make_aux(k, v, p, m, t)
         floor_us = b * KV_HEADS * s * HEAD_DIM * 2 * 2 / BANDWIDTH * 1e6  # K and V, bf16
         row = dict(stage=stage, batch=b, T=t, S=s, floor_us=round(floor_us, 2), variants={})
-        try:
-            from pallas_kernels.tree_attention.api import auto_chain
-
-            row["auto_chain"] = auto_chain(t)
-        except Exception:  # noqa: BLE001
-            pass
         for vname, (fn, _) in build_variants(t).items():
             if vname in skip_variants:
                 continue

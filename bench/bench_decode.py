@@ -135,7 +135,7 @@ def time_model(cfg, params, context, kernels, stream_bw):
     floor = (wbytes + kvbytes) / stream_bw
     stats = jax.devices()[0].memory_stats() or {}
     return {
-        "model": cfg.name, "attn_impl": kernels.attention, "context": context,
+        "model": cfg.name, "attn_impl": kernels.attention_name, "context": context,
         "ms_per_token": per_token * 1e3, "tok_s": 1 / per_token,
         "floor_ms": floor * 1e3, "fraction_of_floor": floor / per_token,
         "achieved_TBps": (wbytes + kvbytes) / per_token / 1e12,

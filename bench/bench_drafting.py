@@ -35,6 +35,7 @@ import numpy as np
 from bench.common.prompts import BENCHMARKS
 from jetspec_jax import api, costs as round_costs
 from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
 from jetspec_jax.draft import head as draft_head
@@ -80,12 +81,13 @@ def bench_one(target, draft, ids, args, costs, kernels, done=frozenset()):
     todo = [(b, m) for b in args.budgets for m in args.modes if (b, m) not in done]
     if not todo:
         return
-    static = dict(max_new=args.max_new_tokens, sampler=Sampler(), stop_ids=(),
-                  kernels=kernels, cache_dtype=jnp.dtype(target.dtype))
+    loop = functools.partial(Loop, max_new=args.max_new_tokens, kernels=kernels,
+                             cache_dtype=jnp.dtype(target.dtype))
     key = jax.random.key(0)
     batch = api.make_batch(target, ids, args.max_new_tokens, 1)
     ar, _, ar_s = run_timed(ar_generate, (target.params, batch.prompt, batch.lens, key),
-                            dict(cfg=target.cfg, num_slots=batch.num_slots, **static))
+                            dict(cfg=target.cfg, sampler=Sampler(),
+                                 loop=loop(num_slots=batch.num_slots)))
     ar_tokens = generated(ar)
     ar_tps = sum(map(len, ar_tokens)) / ar_s
     for budget, mode in todo:
@@ -94,8 +96,8 @@ def bench_one(target, draft, ids, args, costs, kernels, done=frozenset()):
         batch = api.make_batch(target, ids, args.max_new_tokens, extra)
         (out, stats), compile_s, seconds = run_timed(
             spec_generate, (target.params, draft.params, batch.prompt, batch.lens, key),
-            dict(tcfg=target.cfg, dcfg=draft.dcfg, tree_spec=spec,
-                 num_slots=batch.num_slots, **static))
+            dict(tcfg=target.cfg, dcfg=draft.dcfg, tree_spec=spec, sampler=Sampler(),
+                 loop=loop(num_slots=batch.num_slots)))
         tokens = generated(out)
         rounds = np.asarray(stats.rounds)
         accepted = np.concatenate([a[:r] for a, r in zip(np.asarray(stats.accepted), rounds)])

@@ -36,6 +36,7 @@ import numpy as np
 from bench.common.results_io import command_line, write_json
 from bench import trace_summary
 from jetspec_jax.decode.autoregressive import decode_step
+from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.model import config, params as P, sharding
@@ -104,13 +105,13 @@ def programs(cfg, dcfg, mesh, args):
     n_abs = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
     key_abs = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
     kernels = choose(args.attn_impl, moe=cfg.is_moe, sharded=mesh.size > 1)
+    loop = Loop(max_new=max_new, num_slots=slots, kernels=kernels, cache_dtype=args.dtype)
     out = {}
     with sharding.use(mesh):
         for b in args.batches:
             layout = jax.eval_shape(lambda tp, dp: init_state(
                 tp, cfg, dp, dcfg, jnp.zeros((b, 1), jnp.int32), jnp.ones((b,), jnp.int32),
-                jax.random.key(0), max_new=max_new, sampler=GREEDY, stop_ids=(),
-                num_slots=slots, kernels=kernels, cache_dtype=args.dtype), tabs, dabs)
+                jax.random.key(0), sampler=GREEDY, loop=loop), tabs, dabs)
             ssh = sharding.state_shardings(layout, mesh)
             sabs = abstract(layout, ssh)
             make = jax.jit(functools.partial(synthetic_state, layout, args.context,
@@ -121,8 +122,8 @@ def programs(cfg, dcfg, mesh, args):
                 tabs, sabs, n_abs)
             for budget in args.budgets:
                 out[("spec", b, budget)] = jax.jit(functools.partial(
-                    spec_loop, cfg=cfg, dcfg=dcfg, budget=budget, max_new=max_new,
-                    kernels=kernels)).lower(tabs, dabs, sabs, n_abs)
+                    spec_loop, cfg=cfg, dcfg=dcfg, budget=budget, loop=loop)).lower(
+                    tabs, dabs, sabs, n_abs)
     return out
 
 
@@ -141,11 +142,10 @@ def ar_loop(tparams, state, n, *, cfg, steps, kernels):
     return jax.lax.fori_loop(0, n, body, carry)[2]
 
 
-def spec_loop(tparams, dparams, state, n, *, cfg, dcfg, budget, max_new, kernels):
+def spec_loop(tparams, dparams, state, n, *, cfg, dcfg, budget, loop):
     """n speculative rounds -> (tokens [B, M], num_tokens [B])."""
     round_fn = functools.partial(speculative_round, tparams, cfg, dparams, dcfg,
-                                 tree_spec=TreeSpec(budget, 7), sampler=GREEDY, stop_ids=(),
-                                 max_new=max_new, kernels=kernels)
+                                 tree_spec=TreeSpec(budget, 7), sampler=GREEDY, loop=loop)
     state = jax.lax.fori_loop(0, n, lambda i, s: sharding.constrain_state(round_fn(s)), state)
     return state.out.tokens, state.out.num_tokens
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from bench.common.models import random_params
 from jetspec_jax.decode.autoregressive import ar_generate, decode_step
+from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import (
     TreeSpec,
@@ -63,12 +64,15 @@ def check_kernels(dtype):
         jax.random.key(1))
     prompt = jax.random.randint(jax.random.key(2), (2, 96), 0, tcfg.vocab_size, jnp.int32)
     lens = jnp.array([96, 57], jnp.int32)
-    kw = dict(max_new=64, sampler=GREEDY, stop_ids=(), num_slots=512, cache_dtype=dtype)
+    loop = lambda kernels: Loop(max_new=64, num_slots=512, kernels=kernels,  # noqa: E731
+                                cache_dtype=dtype)
     outs = {}
     for name, kernels in (("reference", Kernels()), ("auto", choose())):
         outs[name] = spec_generate(tp, dp, prompt, lens, jax.random.key(3), tcfg=tcfg, dcfg=dcfg,
-                                   tree_spec=TreeSpec(64, 7), kernels=kernels, **kw)[0]
-    ar = ar_generate(tp, prompt, lens, jax.random.key(3), cfg=tcfg, kernels=choose(), **kw)
+                                   tree_spec=TreeSpec(64, 7), sampler=GREEDY,
+                                   loop=loop(kernels))[0]
+    ar = ar_generate(tp, prompt, lens, jax.random.key(3), cfg=tcfg, sampler=GREEDY,
+                     loop=loop(choose()))
     same = lambda a, b: float(jnp.mean(a.tokens[:, :64] == b.tokens[:, :64]))  # noqa: E731
     return {"dtype": jnp.dtype(dtype).name,
             "kernels_vs_reference_token_match": same(outs["auto"], outs["reference"]),
@@ -166,9 +170,9 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool, deadli
                                 jnp.int32)
     lens = jnp.full((batch,), context, jnp.int32)
     kernels = choose(moe=tcfg.is_moe)
+    loop = Loop(max_new=512, num_slots=num_slots, kernels=kernels, cache_dtype=jnp.bfloat16)
     make_state = jax.jit(lambda tp, dp, prompt, lens, key: init_state(
-        tp, tcfg, dp, dcfg, prompt, lens, key, max_new=512, sampler=GREEDY, stop_ids=(),
-        num_slots=num_slots, kernels=kernels, cache_dtype=jnp.bfloat16))
+        tp, tcfg, dp, dcfg, prompt, lens, key, sampler=GREEDY, loop=loop))
     state = make_state(tp, dp, prompt, lens, jax.random.key(0))
     jax.block_until_ready(state)
     done = jnp.zeros((batch,), bool)
@@ -188,7 +192,7 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool, deadli
             continue
         spec = TreeSpec(budget, 7)
         one_round = functools.partial(speculative_round, tree_spec=spec, sampler=GREEDY,
-                                      stop_ids=(), max_new=512, kernels=kernels)
+                                      loop=loop)
         rounds = lambda tp, dp, s, n: jax.lax.fori_loop(  # noqa: E731
             0, n, lambda i, s: one_round(tp, tcfg, dp, dcfg, s), s)
         round_fn, compile_s = compiled(rounds, tp, dp, state, 1)

@@ -115,7 +115,8 @@ def run(args):
             print(rows[-1], flush=True)
     return dict(rows=rows, model=args.model, draft=draft.path, dtype=args.dtype,
                 batch=args.batch, prompt_len=args.prompt_len, max_new=args.max_new,
-                budget=args.budget, attn_impl=api.resolve_kernels(target, args.attn_impl).attention,
+                budget=args.budget,
+                attn_impl=api.resolve_kernels(target, args.attn_impl).attention_name,
                 device=str(jax.devices()[0].device_kind), host=platform.node(),
                 date=time.strftime("%Y-%m-%d"), command=command_line())
 

@@ -39,6 +39,7 @@ from bench.common.timing import sample_seconds
 from jetspec_jax import api
 from jetspec_jax.decode.autoregressive import prefill
 from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 from jetspec_jax.draft.tree import build_trees, topk_from_logits
 from jetspec_jax.draft import head as draft_head
@@ -116,8 +117,8 @@ def run_eagle_head(target, ecfg, eparams, prompts, budget, width, max_new, tempe
     tok = target.tokenizer
     stop_ids = tuple(int(s) for s in ((tok and tok.eos_token_ids) or target.cfg.eos_token_ids))
     static = dict(tcfg=target.cfg, dcfg=ecfg, tree_spec=TreeSpec(budget, width),
-                  max_new=max_new, sampler=Sampler(temperature), stop_ids=stop_ids,
-                  num_slots=batch.num_slots)
+                  sampler=Sampler(temperature),
+                  loop=Loop(max_new=max_new, num_slots=batch.num_slots, stop_ids=stop_ids))
     (out, stats), compile_s, seconds = api._timed(
         spec_generate, (target.params, eparams, batch.prompt, batch.lens, jax.random.key(0)),
         static)

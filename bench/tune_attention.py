@@ -128,8 +128,8 @@ def kernel_fn(kernel, cfg, interpret):
     from pallas_kernels.tree_attention.portable import cache_attention_portable
 
     if kernel == "decode":
-        return lambda q, k, v, p, m, aux: decode_attention(q, k, v, p, config=cfg,
-                                                           interpret=interpret)
+        return lambda q, k, v, p, m, aux: decode_attention(q, k, v, p, impl="splitk",
+                                                           config=cfg, interpret=interpret)
     f = cache_attention_hopper if kernel == "hopper" else cache_attention_portable
     return lambda q, k, v, p, m, aux: f(q, k, v, p, m, config=cfg, interpret=interpret)
 

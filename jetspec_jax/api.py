@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from jetspec_jax import costs
 from jetspec_jax.decode import streaming
 from jetspec_jax.decode.autoregressive import PREFILL_CHUNK, ar_generate, check_capacity
+from jetspec_jax.decode.loop import Loop
 from jetspec_jax.draft.head import draft_specs
 from jetspec_jax.model import kernels as kernels_lib, layout, sharding
 from jetspec_jax.io.load import (  # noqa: F401  (re-exported: the API's loading half)
@@ -253,7 +254,8 @@ class _Run:
     args: tuple  # (prompt, prompt_lens, key), placed on the mesh
     tparams: dict
     dparams: dict | None
-    static: dict  # the static arguments both decoding loops share
+    sampler: Sampler
+    loop: Loop  # the static settings both decoding loops share
     mesh: object
 
     def call(self, fn, *args, **static):
@@ -289,15 +291,15 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
         dparams = draft and sharding.shard_params(dparams, draft_specs(draft.dcfg), mesh)
         prompt, lens, key = sharding.replicate((prompt, lens, key), mesh)
     kernels = resolve_kernels(target, opts.attn_impl, opts.matmul_impl, mesh)
-    static = dict(max_new=max_new_tokens, sampler=opts.sampler,
-                  stop_ids=tuple(int(s) for s in stop_ids), num_slots=batch.num_slots,
-                  kernels=kernels, cache_dtype=jnp.dtype(target.dtype),
-                  prefill_chunk=prefill_chunk)
+    loop = Loop(max_new=max_new_tokens, num_slots=batch.num_slots, stop_ids=tuple(stop_ids),
+                kernels=kernels, cache_dtype=jnp.dtype(target.dtype),
+                prefill_chunk=prefill_chunk)
     measure_s = 0.0
     if draft is not None and opts.auto:
         spec, measure_s = adaptive_spec(target, draft, tparams, dparams, prompt, spec, kernels,
                                         mesh)
-    return _Run(ids, opts, spec, measure_s, (prompt, lens, key), tparams, dparams, static, mesh)
+    return _Run(ids, opts, spec, measure_s, (prompt, lens, key), tparams, dparams, opts.sampler,
+                loop, mesh)
 
 
 def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]], *,
@@ -327,10 +329,10 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
 
     def autoregressive():
         return run.call(_timed, ar_generate, (run.tparams, *run.args),
-                        dict(cfg=target.cfg, **run.static))
+                        dict(cfg=target.cfg, sampler=run.sampler, loop=run.loop))
 
     common = dict(prompt_lens=list(map(len, run.ids)),
-                  attn_impl=run.static["kernels"].attention,
+                  attn_impl=run.loop.kernels.attention_name,
                   greedy=run.opts.sampler.greedy)
     if draft is None:
         out, compile_s, seconds = autoregressive()
@@ -338,7 +340,8 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
                                 **common)
     (out, stats), compile_s, seconds = run.call(
         _timed, spec_generate, (run.tparams, run.dparams, *run.args),
-        dict(tcfg=target.cfg, dcfg=draft.dcfg, tree_spec=run.spec, **run.static))
+        dict(tcfg=target.cfg, dcfg=draft.dcfg, tree_spec=run.spec, sampler=run.sampler,
+             loop=run.loop))
     rounds = np.asarray(stats.rounds).tolist()
     per_round = lambda x: [row[:r].tolist() for row, r in zip(np.asarray(x), rounds)]  # noqa: E731
     result = GenerationResult(*_decoded(target, out), seconds=seconds,
@@ -363,9 +366,10 @@ def stream(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]
     programs compiled (or found compiled), before this returns."""
     run = _prepare(target, prompts, draft, **options)
     if draft is None:
-        steps = streaming.ar_steps(target.cfg, run.static, chunk)
+        steps = streaming.ar_steps(target.cfg, run.sampler, run.loop, chunk)
     else:
-        steps = streaming.spec_steps(target.cfg, draft.dcfg, run.spec, run.static, chunk)
+        steps = streaming.spec_steps(target.cfg, draft.dcfg, run.spec, run.sampler, run.loop,
+                                     chunk)
     params = (run.tparams,) if draft is None else (run.tparams, run.dparams)
     start, _ = run.call(_compiled, steps.start, (*params, *run.args), steps.start_static)
     advance, _ = run.call(_compiled, steps.advance, (*params, start.out_info),

@@ -256,11 +256,12 @@ def _model_flags(p, *, without_head: str) -> None:
                    "(branch where the draft is unsure), chain (a single path) "
                    "(default: %(default)s)")
     p.add_argument("--attn-impl", default="auto", metavar="|".join(options.ATTN_IMPLS),
-                   help="attention kernel: auto is fused_decode on a GPU (one-token steps in "
-                   "one kernel: q/k norm, RoPE, cache write and attention; the rest through "
-                   "the best tree-attention kernel) and the XLA reference on a CPU; the Pallas "
-                   "kernels (portable, hopper, decode, fused_decode) need a GPU "
-                   "(default: %(default)s)")
+                   help="attention kernel, or a comma-separated list tried in order (a kernel "
+                   "that cannot serve a call passes it to the next): auto is fused_decode on a "
+                   "GPU (one-token steps in one kernel: q/k norm, RoPE, cache write and "
+                   "attention; the rest through decode, hopper, portable, reference) and the "
+                   "XLA reference on a CPU; the Pallas kernels (portable, hopper, decode, "
+                   "fused_decode) need a GPU (default: %(default)s)")
     p.add_argument("--no-chat", action="store_true",
                    help="feed prompts as raw text instead of wrapping them in the chat template")
     p.add_argument("--mesh", metavar="SPEC",
@@ -525,7 +526,7 @@ def run_bench(args) -> None:
         info = dict(model=args.model, draft=draft.path, prompts=prompts,
                     max_new_tokens=args.max_new_tokens, tree=args.tree, width=args.width,
                     attn_impl=api.resolve_kernels(target, args.attn_impl,
-                                                  mesh=target.mesh).attention,
+                                                  mesh=target.mesh).attention_name,
                     dtype=args.dtype, backend=jax.default_backend(), mesh=args.mesh, rows=rows)
         write_json(args.out, info)
         print(f"wrote {args.out}")

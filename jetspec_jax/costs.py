@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from jetspec_jax.decode import speculative
 from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.speculative import TreeSpec
 from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.options import GPU_BUCKETS
@@ -28,20 +29,19 @@ def measure_costs(tparams, tcfg, dparams, dcfg, *, buckets=GPU_BUCKETS, width: i
     blk = dcfg.block_size
     max_new = 2 * blk
     slots = context_len + max_new + speculative.working_slots(max(buckets), blk)
-    static = dict(max_new=max_new, sampler=Sampler(), stop_ids=(), kernels=kernels)
+    loop = Loop(max_new=max_new, num_slots=slots, kernels=kernels,
+                cache_dtype=cache_dtype or tparams["embed"].dtype)
     prompt = jax.random.randint(jax.random.key(seed), (batch, context_len), 0, tcfg.vocab_size,
                                 jnp.int32)
-    init = jax.jit(speculative.init_state, static_argnames=(
-        "tcfg", "dcfg", "max_new", "sampler", "stop_ids", "num_slots", "kernels",
-        "cache_dtype"))
+    init = jax.jit(speculative.init_state, static_argnames=("tcfg", "dcfg", "sampler", "loop"))
     state = init(tparams, tcfg=tcfg, dparams=dparams, dcfg=dcfg, prompt=prompt,
                  prompt_lens=jnp.full((batch,), context_len, jnp.int32), key=jax.random.key(seed),
-                 num_slots=slots, cache_dtype=cache_dtype or tparams["embed"].dtype, **static)
+                 sampler=Sampler(), loop=loop)
     table = {}
     for b in buckets:
         spec = TreeSpec(b, width, method)
         step = jax.jit(lambda tp, dp, s, spec=spec: speculative.speculative_round(
-            tp, tcfg, dp, dcfg, s, tree_spec=spec, **static))
+            tp, tcfg, dp, dcfg, s, tree_spec=spec, sampler=Sampler(), loop=loop))
         for _ in range(2):
             jax.block_until_ready(step(tparams, dparams, state))
         times = []

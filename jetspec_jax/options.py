@@ -16,11 +16,26 @@ MATMUL_KERNELS = ("xla", "pallas", "tuned")
 ATTN_IMPLS = ("auto", *ATTENTION_KERNELS)  # what --attn-impl takes (`model.kernels.choose`)
 
 
-def check_kernel_name(kind: str, name: str, names: tuple[str, ...]) -> None:
-    """A kernel name among `names` ("attention" or "matmul" kernels), else one line naming
-    the choices."""
-    if name not in names:
-        raise ValueError(f"unknown {kind} kernel {name!r}; choose from {', '.join(names)}")
+def kernel_names(choice) -> tuple[str, ...]:
+    """"auto", a name, a comma-separated list of names (what flags take) or a sequence of
+    names -> the tuple of names."""
+    if isinstance(choice, str):
+        return tuple(n.strip() for n in choice.split(","))
+    return tuple(choice)
+
+
+def check_kernel_name(kind: str, choice, names: tuple[str, ...]) -> None:
+    """A name among `names` ("attention" or "matmul" kernels), or an ordered list of them
+    ("auto" alone only), else one line naming the choices."""
+    chosen = kernel_names(choice)
+    listed = [n for n in names if n != "auto"]
+    if chosen == ("auto",) and "auto" in names:
+        return
+    bad = [n for n in chosen if n not in listed]
+    if bad or not chosen:
+        raise ValueError(f"unknown {kind} kernel {', '.join(map(repr, bad)) or repr(choice)}; "
+                         f"choose from {', '.join(names)}, or a comma-separated list of "
+                         f"{', '.join(listed)} (tried in order)")
 
 
 def decoding_problems(*, max_new_tokens=1, temperature=0.0, top_k=0, top_p=1.0,

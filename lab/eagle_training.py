@@ -11,9 +11,9 @@ import jax.numpy as jnp
 
 from jetspec_jax.draft.head import dense_attention
 from jetspec_jax.io.checkpoints import CheckpointError, carried_metadata, load_tree, save_tree
-from jetspec_jax.io.shards import is_shard_export, read_shards, save_shards, unflatten
+from jetspec_jax.io.shards import is_shard_export, read_shards, save_shards
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.model.params import check_params
+from jetspec_jax.model.params import check_params, unflatten
 from jetspec_jax.train.head_kinds import HeadKind, register
 from lab.eagle import EagleConfig, eagle_config_for, eagle_specs, fuse_taps, logits, shift, step
 

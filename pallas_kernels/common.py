@@ -68,6 +68,18 @@ def device_info():
     return (d.platform, cc, int(sms))
 
 
+def require_gpu(what: str, interpret: bool, *, hopper: bool = False) -> None:
+    """Raises NotImplementedError (the next implementation serves) unless this device runs
+    the Pallas kernel `what`: a GPU (sm_90 with hopper), or any device in interpret mode."""
+    if interpret:
+        return
+    platform, cc, _ = device_info()
+    if platform != "gpu":
+        raise NotImplementedError(f"{what} needs a GPU (or interpret mode), not {platform}")
+    if hopper and not str(cc).startswith("9"):
+        raise NotImplementedError(f"{what} needs compute capability 9.x, got {cc}")
+
+
 def num_sms() -> int:
     return device_info()[2]
 

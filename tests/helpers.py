@@ -47,6 +47,13 @@ def tiny_head(tcfg, seed=1, block_size=6, causal=True, mask_token_id=None, num_l
     return dcfg, P.init_params(draft_head.draft_specs(dcfg), jax.random.key(seed))
 
 
+def loop_args(sampler=None, **loop) -> dict:
+    """The sampler and the `Loop` a decoding entry point takes (greedy by default)."""
+    from jetspec_jax.decode.loop import Loop
+    from jetspec_jax.decode.sampling import Sampler
+    return dict(sampler=sampler or Sampler(), loop=Loop(**loop))
+
+
 def random_prompts(rng: np.random.Generator, batch, max_len, vocab):
     lens = rng.integers(1, max_len + 1, size=batch)
     prompt = np.zeros((batch, max_len), np.int32)

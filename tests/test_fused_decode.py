@@ -27,7 +27,7 @@ import pytest
 
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import write_slots
-from jetspec_jax.model.kernels import Kernels, choose
+from jetspec_jax.model.kernels import GPU_ATTENTION, Kernels, choose
 from jetspec_jax.model.layers import rms_norm, rope
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
 from pallas_kernels.decode_attention.config import DecodeConfig
@@ -41,7 +41,10 @@ KEY_TOL = {jnp.dtype(jnp.float32): dict(atol=1e-6, rtol=2e-7),
 EPS = 1e-6
 # On a GPU the same tests check the compiled kernel against XLA's unfused path.
 INTERPRET = jax.default_backend() != "gpu"
-FUSED = Kernels("fused_decode", interpret=INTERPRET)  # the model's kernels for the kernel
+# The model's kernels for the kernel: other calls take the reference on a CPU (not the GPU
+# chain in interpret mode), the GPU chain on a GPU.
+FUSED = Kernels(("fused_decode", "reference") if INTERPRET else GPU_ATTENTION,
+                interpret=INTERPRET)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,8 +213,7 @@ def test_model_decode_with_fused_kernel_matches_reference(kind):
     attention kernel's summation order. Autoregressive decoding gives the reference's
     tokens."""
     from jetspec_jax.decode.autoregressive import ar_generate, prefill
-    from jetspec_jax.decode.sampling import Sampler
-    from helpers import random_prompts, tiny_target
+    from helpers import loop_args, random_prompts, tiny_target
 
     cfg, params = tiny_target(kind, seed=3, vocab=32)
     prompt, lens = random_prompts(np.random.default_rng(4), 2, 5, 32)
@@ -228,9 +230,9 @@ def test_model_decode_with_fused_kernel_matches_reference(kind):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(np.asarray(got_h), np.asarray(want_h), atol=1e-5, rtol=1e-5)
 
-    outs = {impl: ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, max_new=6,
-                              sampler=Sampler(), stop_ids=(), num_slots=16, kernels=impl,
-                              cache_dtype=jnp.float32)
+    outs = {impl: ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg,
+                              **loop_args(max_new=6, num_slots=16, kernels=impl,
+                                          cache_dtype=jnp.float32))
             for impl in impls}
     np.testing.assert_array_equal(np.asarray(outs[FUSED].tokens),
                                   np.asarray(outs[Kernels()].tokens))
@@ -239,13 +241,19 @@ def test_model_decode_with_fused_kernel_matches_reference(kind):
 def test_auto_runs_fused_kernel_on_one_gpu_only():
     """"auto" resolves once: the fused kernel on a GPU, the reference on a CPU or a mesh of
     several devices; the matmul kernels for MoE models, XLA for dense ones."""
-    assert choose(backend="gpu") == Kernels("fused_decode")
+    assert choose(backend="gpu") == Kernels(GPU_ATTENTION)
+    assert GPU_ATTENTION == ("fused_decode", "decode", "hopper", "portable", "reference")
+    assert choose("fused_decode", backend="gpu") == Kernels(GPU_ATTENTION)
     assert choose(backend="gpu", sharded=True) == Kernels("reference")
     assert choose("portable", backend="gpu", sharded=True) == Kernels("portable")
+    assert choose("decode,reference", backend="gpu") == Kernels(("decode", "reference"))
     assert choose(backend="cpu") == Kernels("reference")
-    assert choose(backend="cpu", moe=True) == Kernels("reference", "pallas")
-    assert choose(matmul="tuned", backend="cpu", moe=True).matmul == "tuned"
-    assert Kernels("fused_decode", interpret=True).cache_attention() == ("auto", False)
-    assert Kernels("portable", interpret=True).cache_attention() == ("portable", True)
+    assert choose(backend="cpu", moe=True) == Kernels("reference", ("pallas", "xla"))
+    assert choose(matmul="tuned", backend="cpu", moe=True).matmul == ("tuned", "xla")
+    # the fused kernel is the target's step, not a cache attention: the rest of the list is
+    assert FUSED.cache_attention() == FUSED.attention[1:]
+    assert Kernels("portable", interpret=True).cache_attention() == ("portable",)
+    with pytest.raises(ValueError, match="fused_decode serves one-token steps only"):
+        Kernels("fused_decode")
     with pytest.raises(ValueError, match="unknown matmul kernel 'cublas'; choose from auto, xla"):
         choose(matmul="cublas")

@@ -19,9 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import random_prompts, tiny_target
+from helpers import loop_args, random_prompts, tiny_target
 from jetspec_jax.decode.autoregressive import ar_generate
-from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.model import layers
 from jetspec_jax.model.kernels import Kernels
 from pallas_kernels import common
@@ -37,7 +36,7 @@ from pallas_kernels.gemv.reference import (grouped_matmul_sorted_reference,
                                            small_m_matmul_reference)
 
 F32, BF16 = jnp.float32, jnp.bfloat16
-PALLAS = Kernels(matmul="pallas", interpret=True)  # the kernels in interpret mode
+PALLAS = Kernels(matmul=("pallas", "xla"), interpret=True)  # the kernels in interpret mode
 # Max error relative to max |reference|: summation order (f32) or one bf16 rounding of the output.
 TOL = {jnp.dtype(F32): 1e-5, jnp.dtype(BF16): 1e-2}
 
@@ -58,7 +57,7 @@ CASES = [
 
 def forbid_kernel(monkeypatch, name: str) -> None:
     """Makes pallas_kernels.gemv.api's kernel `name` fail if called: on a CPU without
-    interpret=True, "auto" must not reach it."""
+    interpret=True, the default list must not reach it."""
     def boom(*a, **kw):
         raise AssertionError(f"{name} called on CPU")
 
@@ -92,13 +91,13 @@ def test_api_impls_and_fallback(monkeypatch):
                                rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="unknown matmul impl"):
         small_m_matmul(x, w, impl="cublas")
-    # Cases the kernel cannot serve: forced -> NotImplementedError; auto -> XLA.
+    # Cases the kernel cannot serve: forced -> NotImplementedError; the default list -> XLA.
     x33, w33 = operands(33, 96, 40, F32)
     with pytest.raises(NotImplementedError, match="rows"):
         small_m_matmul(x33, w33, impl="pallas", interpret=True)
-    np.testing.assert_allclose(small_m_matmul(x33, w33, impl="auto", interpret=True),
+    np.testing.assert_allclose(small_m_matmul(x33, w33, interpret=True),
                                small_m_matmul_reference(x33, w33), rtol=1e-5, atol=1e-5)
-    mixed = small_m_matmul(x, w.astype(BF16), impl="auto", interpret=True)  # dtype mismatch
+    mixed = small_m_matmul(x, w.astype(BF16), interpret=True)  # dtype mismatch
     assert mixed.dtype == F32
     with pytest.raises(NotImplementedError, match="overflow"):  # abstract: nothing allocated
         jax.eval_shape(small_m_matmul_pallas, jax.ShapeDtypeStruct((1, 2**16), BF16),
@@ -160,9 +159,10 @@ def test_greedy_decode_identical_with_pallas_matmul():
     of 3 x 7 = 21 rows and decode steps of 3 rows both go through it) as with XLA."""
     cfg, params = tiny_target("dense", seed=2, vocab=16)
     prompt, lens = random_prompts(np.random.default_rng(0), 3, 7, cfg.vocab_size)
-    kw = dict(max_new=6, sampler=Sampler(), stop_ids=(), num_slots=32)
-    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **kw)
-    got = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, kernels=PALLAS, **kw)
+    kw = dict(max_new=6, num_slots=32)
+    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **loop_args(**kw))
+    got = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg,
+                      **loop_args(kernels=PALLAS, **kw))
     np.testing.assert_array_equal(np.asarray(got.num_tokens), np.asarray(want.num_tokens))
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
 
@@ -204,7 +204,7 @@ def test_grouped_api_impls_and_fallback(monkeypatch):
     x, w = grouped_operands(3, 4, 96, 40, F32)
     ids = jnp.asarray([3, 0, 3], jnp.int32)
     ref = grouped_small_m_matmul_reference(x, w, ids)
-    for impl in ("xla", "pallas", "auto"):
+    for impl in ("xla", "pallas", None):
         np.testing.assert_allclose(grouped_small_m_matmul(x, w, ids, impl=impl, interpret=True),
                                    ref, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="unknown matmul impl"):
@@ -254,8 +254,8 @@ def test_tuned_table_lookup():
 
 
 def test_tuned_impl_uses_the_table(tmp_path, monkeypatch):
-    """impl="tuned" runs the kernel with the table's config for a listed shape only; XLA for
-    the rest, and on a CPU unless interpret=True."""
+    """impl ("tuned", "xla") runs the kernel with the table's config for a listed shape only;
+    XLA for the rest, and on a CPU unless interpret=True."""
     cfg = GemvConfig(block_k=32, block_n=16, num_splits=2)
     table = tmp_path / "tuned_test.json"
     table.write_text(json.dumps({"entries": [
@@ -272,13 +272,14 @@ def test_tuned_impl_uses_the_table(tmp_path, monkeypatch):
 
     monkeypatch.setattr(api, "small_m_matmul_pallas", spy)
     x, w = operands(3, 96, 40, F32)
-    np.testing.assert_allclose(small_m_matmul(x, w, impl="tuned", interpret=True),
+    tuned = ("tuned", "xla")
+    np.testing.assert_allclose(small_m_matmul(x, w, impl=tuned, interpret=True),
                                small_m_matmul_reference(x, w), rtol=1e-5, atol=1e-5)
     assert used == [cfg]
     for args in [operands(1, 96, 40, F32),  # broken entry: skipped
                  operands(3, 96, 48, F32)]:  # no entry
-        small_m_matmul(*args, impl="tuned", interpret=True)
-    small_m_matmul(x, w, impl="tuned")  # CPU without interpret
+        small_m_matmul(*args, impl=tuned, interpret=True)
+    small_m_matmul(x, w, impl=tuned)  # CPU without interpret
     assert used == [cfg]
 
 
@@ -295,11 +296,11 @@ def test_moe_greedy_decode_identical_with_grouped_kernel(monkeypatch):
     monkeypatch.setattr(api, "grouped_small_m_matmul_pallas", spy)
     cfg, params = tiny_target("moe", seed=4, vocab=16, num_experts=16)
     prompt, lens = random_prompts(np.random.default_rng(1), 3, 5, cfg.vocab_size)
-    kw = dict(max_new=5, sampler=Sampler(), stop_ids=(), num_slots=16)
-    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **kw)
-    for kernels in (PALLAS, Kernels(matmul="tuned")):
-        got = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, kernels=kernels,
-                          **kw)
+    kw = dict(max_new=5, num_slots=16)
+    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **loop_args(**kw))
+    for kernels in (PALLAS, Kernels(matmul=("tuned", "xla"))):
+        got = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg,
+                          **loop_args(kernels=kernels, **kw))
         np.testing.assert_array_equal(np.asarray(got.num_tokens), np.asarray(want.num_tokens))
         np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     assert (6,) in calls  # the kernel ran (traced) for the decode steps' pairs
@@ -339,7 +340,7 @@ def test_sorted_api_impls_and_fallback(monkeypatch):
     x, w = grouped_operands(40, 5, 96, 40, F32)
     sizes = jnp.asarray([7, 0, 20, 13, 0], jnp.int32)
     ref = grouped_matmul_sorted_reference(x, w, sizes)
-    for impl in ("xla", "pallas", "auto"):
+    for impl in ("xla", "pallas", None):
         np.testing.assert_allclose(grouped_matmul_sorted(x, w, sizes, impl=impl, interpret=True),
                                    ref, rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="unknown matmul impl"):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from fixtures.make_reference_head import (reference_config, reference_tap_ids,
                                           reference_weights, write_reference_head)
-from helpers import random_prompts, tiny_head, tiny_target
+from helpers import loop_args, random_prompts, tiny_head, tiny_target
 from safetensors.numpy import save_file
 
 from helpers import tree_equal
@@ -21,9 +21,8 @@ from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import default_tap_layers
 from jetspec_jax.io.checkpoints import CheckpointError, save_target
 from jetspec_jax.io.convert import ConversionError
-from jetspec_jax.io.heads import (check_head_fits, convert_head, read_any_draft,
-                                 read_draft_checkpoint, load_reference_head, save_draft)
-from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.io.heads import (convert_head, read_any_draft, read_draft_checkpoint,
+                                 load_reference_head, save_draft)
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 
 F32 = jnp.float32
@@ -98,7 +97,7 @@ def test_reference_head_matches_reference_forward(tmp_path, causal):
                                    dtype=F32)
     assert dcfg.causal is causal and dcfg.tap_layers == (0, 2) and dcfg.mask_token_id == 3
     tcfg, tp = tiny_target()
-    check_head_fits(dcfg, tcfg)
+    dcfg.check_target(tcfg)
     t = 5
     taps = np.random.default_rng(1).standard_normal((t, 2 * 64)).astype(np.float32)
     cache = draft_head.allocate_cache(dcfg, 1, 16, F32)
@@ -122,7 +121,7 @@ def test_reference_head_drafts_losslessly(tmp_path):
     dp = jax.tree.map(lambda x: x.astype(F32), dp)
     tcfg, tp = tiny_target(seed=2)
     prompt, lens = random_prompts(np.random.default_rng(0), 3, 6, tcfg.vocab_size)
-    kw = dict(max_new=16, sampler=Sampler(), stop_ids=(), num_slots=96)
+    kw = loop_args(max_new=16, num_slots=96)
     ar = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, **kw)
     sd, stats = spec_generate(tp, dp, prompt, lens, jax.random.key(0), tcfg=tcfg, dcfg=dcfg,
                               tree_spec=TreeSpec(16, 4), **kw)
@@ -370,25 +369,25 @@ def test_head_target_mismatch(tmp_path):
                   intermediate_size=48)
     dcfg, _ = load_reference_head(make_head(tmp_path, "narrow", **narrow))
     with pytest.raises(ValueError, match="head hidden size 32 != target hidden size 64"):
-        check_head_fits(dcfg, tcfg)
+        dcfg.check_target(tcfg)
     with pytest.raises(ValueError, match="head hidden size 32 != target hidden size 64"):
         read_any_draft(tmp_path / "narrow", target=tcfg)
     dcfg, _ = load_reference_head(make_head(tmp_path, "deep", num_target_layers=6,
                                             target_layer_ids=(1, 5)))
     with pytest.raises(ValueError) as e:
-        check_head_fits(dcfg, tcfg)
+        dcfg.check_target(tcfg)
     assert "made for a 6-layer target, this target has 3 layers" in str(e.value)
     assert "tap layers [5] are outside the target's 0..2" in str(e.value)
     dcfg, _ = load_reference_head(make_head(tmp_path, "vocab", vocab_size=32, mask_token_id=20))
     with pytest.raises(ValueError) as e:
-        check_head_fits(dcfg, tcfg)
+        dcfg.check_target(tcfg)
     assert "head vocab size 32 != target vocab size 16" in str(e.value)
     assert "mask token id 20 is outside the target vocab of 16" in str(e.value)
     no_vocab = reference_config()
     del no_vocab["vocab_size"]
     dcfg, _ = load_reference_head(write_reference_head(tmp_path / "nv", no_vocab))
-    check_head_fits(dcfg, tcfg)  # an unknown head vocab is not checked
-    check_head_fits(dataclasses.replace(dcfg, tap_layers=(0, 1)), tcfg)
+    dcfg.check_target(tcfg)  # an unknown head vocab is not checked
+    dataclasses.replace(dcfg, tap_layers=(0, 1)).check_target(tcfg)
 
 
 def test_corrupt_own_checkpoint(tmp_path):

@@ -16,9 +16,10 @@ import pytest
 
 from pallas_kernels.decode_attention import decode_attention
 from pallas_kernels.decode_attention.config import DecodeConfig
+from pallas_kernels.decode_attention.reference import decode_attention_reference
 from pallas_kernels.tree_attention import cache_attention
 from pallas_kernels.tree_attention import mask as mask_lib
-from pallas_kernels.tree_attention.api import auto_chain
+from pallas_kernels.tree_attention import api as tree_api
 from pallas_kernels import common
 from pallas_kernels.decode_attention.config import decode_config
 from pallas_kernels.tree_attention.config import (MosaicConfig, PortableConfig, mosaic_config,
@@ -243,7 +244,7 @@ def test_decode_kernel(idx, case):
     kp = poison_beyond(k, prefix, 1, jnp.nan)
     vp = poison_beyond(v, prefix, 1, jnp.nan)
     cfg = DecodeConfig(block_k=32, num_splits=case.splits)
-    out = decode_attention(q, kp, vp, prefix, config=cfg, interpret=True)
+    out = decode_attention(q, kp, vp, prefix, impl="splitk", config=cfg, interpret=True)
     check(out, q, k, v, prefix, None)
 
 
@@ -251,7 +252,7 @@ def test_decode_rejects_t_above_one():
     q = jnp.zeros((1, 2, 4, 64))
     kc = jnp.zeros((1, 1, 64, 64))
     with pytest.raises(NotImplementedError):
-        decode_attention(q, kc, kc, jnp.zeros((1,), jnp.int32), interpret=True)
+        decode_attention(q, kc, kc, jnp.zeros((1,), jnp.int32), impl="splitk", interpret=True)
 
 
 # ---------------------------------------------------------------- configs
@@ -331,28 +332,61 @@ def test_tune_script_candidates_and_tables(tmp_path):
 
 
 # ---------------------------------------------------------------- dispatcher
-def test_api_auto_and_forced():
+def served(monkeypatch) -> list[str]:
+    """The names of the cache-attention implementations that served, call after call."""
+    ran = []
+    for name, fn in list(tree_api.IMPLEMENTATIONS.items()):
+        def spy(*args, _fn=fn, _name=name, **kw):
+            out = _fn(*args, **kw)
+            ran.append(_name)
+            return out
+        monkeypatch.setitem(tree_api.IMPLEMENTATIONS, name, spy)
+    return ran
+
+
+def test_api_default_list_and_forced(monkeypatch):
+    ran = served(monkeypatch)
     case = Case(2, 5, 2, 4, 64, 128, (10, 0), "tree", jnp.bfloat16)
     q, k, v, prefix, mask = make_inputs(case, seed=400)
-    assert auto_chain(5) == ["reference"]  # CPU without interpret: the XLA reference
     check(cache_attention(q, k, v, prefix, mask), q, k, v, prefix, mask)
+    assert ran[-1] == "reference"  # CPU without interpret: the XLA reference
     check(cache_attention(q, k, v, prefix, mask, impl="reference"), q, k, v, prefix, mask)
     # Interpret mode on CPU walks the GPU chain (Hopper kernel first for T > 1).
-    assert auto_chain(5, interpret=True)[0] == "hopper"
-    assert auto_chain(1, interpret=True)[0] == "decode"
-    check(cache_attention(q, k, v, prefix, mask, impl="auto", interpret=True), q, k, v, prefix, mask)
-    # float32 is not served by the Hopper kernel: "auto" falls back to the portable one.
+    check(cache_attention(q, k, v, prefix, mask, interpret=True), q, k, v, prefix, mask)
+    assert ran[-1] == "hopper"
+    # float32 is not served by the Hopper kernel: the list falls back to the portable one.
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
-    check(cache_attention(q32, k32, v32, prefix, mask, impl="auto", interpret=True),
+    check(cache_attention(q32, k32, v32, prefix, mask, interpret=True),
           q32, k32, v32, prefix, mask)
+    assert ran[-1] == "portable"
     with pytest.raises(NotImplementedError):
         cache_attention(q32, k32, v32, prefix, mask, impl="hopper", interpret=True)
+    # A list is tried in order.
+    check(cache_attention(q32, k32, v32, prefix, mask, impl=("hopper", "reference"),
+                          interpret=True), q32, k32, v32, prefix, mask)
+    assert ran[-1] == "reference"
     # T = 1 goes to the split-K decode kernel.
     q1 = q[:, :1]
-    check(cache_attention(q1, k, v, prefix, None, impl="auto", interpret=True), q1, k, v, prefix,
-          None)
-    with pytest.raises(ValueError):
+    check(cache_attention(q1, k, v, prefix, None, interpret=True), q1, k, v, prefix, None)
+    assert ran[-1] == "decode"
+    with pytest.raises(ValueError, match="choose from decode, hopper, portable, reference"):
         cache_attention(q, k, v, prefix, mask, impl="nope")
+
+
+@pytest.mark.parametrize("idx,case", list(enumerate(DECODE_CASES)), ids=lambda x: str(x))
+def test_decode_api_kernel_against_its_reference(idx, case):
+    """decode_attention's implementations agree: the split-K kernel (interpret mode) and the
+    pure-JAX reference, which the default list runs on a CPU."""
+    q, k, v, prefix, _ = make_inputs(case, seed=500 + idx)
+    want = decode_attention_reference(q, k, v, prefix)
+    check(want, q, k, v, prefix, None)  # the reference is cache attention at T = 1
+    got = decode_attention(q, k, v, prefix, impl="splitk", interpret=True)
+    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)),
+                               np.asarray(want.astype(jnp.float32)), **TOL[q.dtype])
+    np.testing.assert_array_equal(np.asarray(decode_attention(q, k, v, prefix)),
+                                  np.asarray(want))
+    with pytest.raises(NotImplementedError, match="needs a GPU"):
+        decode_attention(q, k, v, prefix, impl="splitk")
 
 
 # ---------------------------------------------------------------- lowering for CUDA, no GPU
@@ -383,9 +417,10 @@ def test_lowers_for_gpu(shape, kernel, device_kind):
 
 @pytest.mark.parametrize("batch,slots", [(1, 32768), (8, 4096)])
 def test_decode_lowers_for_gpu(batch, slots):
+    from pallas_kernels.decode_attention.kernel import decode_attention as splitk_kernel
     from pallas_kernels.lowering_check import lower_for_gpu
 
     q = jnp.zeros((batch, 1, 32, 128), jnp.bfloat16)
     kc = jnp.zeros((batch, 8, slots, 128), jnp.bfloat16)
-    text = lower_for_gpu(decode_attention, q, kc, kc, jnp.zeros((batch,), jnp.int32))
+    text = lower_for_gpu(splitk_kernel, q, kc, kc, jnp.zeros((batch,), jnp.int32))
     assert "custom_call" in text

@@ -8,10 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import count_eqns, random_prompts, tiny_head, tiny_target, tree_equal
+from helpers import count_eqns, loop_args, random_prompts, tiny_head, tiny_target, tree_equal
 from jetspec_jax import api
 from jetspec_jax.decode.autoregressive import ar_generate
-from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 from jetspec_jax.io.checkpoints import save_target
 from jetspec_jax.io.heads import save_draft
@@ -20,7 +19,7 @@ from jetspec_jax.model.kernels import Kernels
 from test_api_cli import PROMPTS, VOCAB, word_tokenizer
 from test_speculative import assert_same
 
-KW = dict(sampler=Sampler(), stop_ids=(), num_slots=48)
+KW = dict(num_slots=48)
 # The autoregressive references below decode one batch shape (per target kind), so each is
 # compiled once: 3 prompts of up to 7 tokens, 10 new tokens.
 BATCH, PROMPT_LEN, NEW = 3, 7, 10
@@ -51,9 +50,9 @@ def test_round_trip_and_leaves(kind):
 def test_greedy_decode_identical(kind):
     cfg, params = tiny_target(kind, seed=6, vocab=32)
     prompt, lens = random_prompts(np.random.default_rng(4), BATCH, PROMPT_LEN, cfg.vocab_size)
-    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, max_new=NEW, **KW)
+    want = ar_generate(params, prompt, lens, jax.random.key(0), cfg=cfg, **loop_args(max_new=NEW, **KW))
     got = ar_generate(layout.fuse_projections(params), prompt, lens, jax.random.key(0),
-                      cfg=cfg, max_new=NEW, **KW)
+                      cfg=cfg, **loop_args(max_new=NEW, **KW))
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
 
 
@@ -63,10 +62,10 @@ def test_speculative_with_fused_weights_equals_autoregressive(kind, budget, widt
     tcfg, tp = tiny_target(kind, seed=8, vocab=32)
     dcfg, dp = tiny_head(tcfg, seed=9, block_size=4)
     prompt, lens = random_prompts(np.random.default_rng(5), BATCH, PROMPT_LEN, tcfg.vocab_size)
-    want = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, max_new=NEW, **KW)
+    want = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, **loop_args(max_new=NEW, **KW))
     got, _ = spec_generate(layout.fuse_projections(tp), dp, prompt, lens, jax.random.key(0),
                            tcfg=tcfg, dcfg=dcfg, tree_spec=TreeSpec(budget, width),
-                           max_new=NEW, **KW)
+                           **loop_args(max_new=NEW, **KW))
     assert_same(want, got)
 
 
@@ -74,11 +73,12 @@ def test_pallas_projections_read_the_fused_layout():
     """matmul "pallas_interpret" on fused weights: one kernel for q/k/v and one for gate/up
     (3 fewer a layer than on separate weights), XLA's tokens."""
     cfg, params = tiny_target("dense", seed=5, vocab=32)
-    pallas, fused = Kernels(matmul="pallas", interpret=True), layout.fuse_projections(params)
+    pallas = Kernels(matmul=("pallas", "xla"), interpret=True)
+    fused = layout.fuse_projections(params)
     prompt, lens = random_prompts(np.random.default_rng(1), BATCH, PROMPT_LEN, cfg.vocab_size)
     def run(p, kernels):
-        return ar_generate(p, prompt, lens, jax.random.key(0), cfg=cfg, max_new=NEW,
-                           kernels=kernels, **KW)
+        return ar_generate(p, prompt, lens, jax.random.key(0), cfg=cfg,
+                           **loop_args(max_new=NEW, kernels=kernels, **KW))
     n_fused = count_eqns(lambda p: run(p, pallas).tokens, fused, name="small_m_matmul")
     n_separate = count_eqns(lambda p: run(p, pallas).tokens, params, name="small_m_matmul")
     assert 0 < n_fused < n_separate and (n_separate - n_fused) % (3 * cfg.num_layers) == 0

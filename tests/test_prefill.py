@@ -8,10 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import random_prompts, tiny_head, tiny_target
+from helpers import loop_args, random_prompts, tiny_head, tiny_target
 from jetspec_jax.decode import autoregressive as decode
 from jetspec_jax.decode.autoregressive import ar_generate
-from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 from jetspec_jax.model import target
 from test_speculative import assert_same, run_both
@@ -64,13 +63,13 @@ def test_the_prefill_chunk_is_a_static_argument_of_the_decoders():
     tcfg, tp = tiny_target("dense", vocab=12)
     dcfg, dp = tiny_head(tcfg, block_size=4)
     prompt, lens = random_prompts(np.random.default_rng(0), 2, 9, tcfg.vocab_size)
-    kw = dict(max_new=4, sampler=Sampler(), stop_ids=(), num_slots=40)
+    kw = dict(max_new=4, num_slots=40)
     lower = {
         "ar": lambda c: ar_generate.lower(tp, prompt, lens, jax.random.key(0), cfg=tcfg,
-                                          prefill_chunk=c, **kw),
+                                          **loop_args(prefill_chunk=c, **kw)),
         "spec": lambda c: spec_generate.lower(tp, dp, prompt, lens, jax.random.key(0), tcfg=tcfg,
                                               dcfg=dcfg, tree_spec=TreeSpec(8, 3),
-                                              prefill_chunk=c, **kw),
+                                              **loop_args(prefill_chunk=c, **kw)),
     }
     for name, fn in lower.items():
         one_pass, chunked = fn(64).as_text(), fn(4).as_text()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from helpers import tiny_head, tiny_target
+from helpers import loop_args, tiny_head, tiny_target
 from jetspec_jax.decode.autoregressive import ar_generate
 from jetspec_jax.decode.sampling import Sampler, filtered_logits
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
@@ -68,7 +68,7 @@ def check_speculative_sampling(sampler, tree_spec, key, num_slots=32, with_ar=Fa
     probs = exact_distribution(tcfg, tp, sampler)
     prompt = jnp.asarray([PROMPT] * NUM, jnp.int32)
     lens = jnp.full((NUM,), len(PROMPT), jnp.int32)
-    kw = dict(max_new=NEW, sampler=sampler, stop_ids=(), num_slots=num_slots)
+    kw = loop_args(sampler, max_new=NEW, num_slots=num_slots)
     sd, st = spec_generate(tp, dp, prompt, lens, key, tcfg=tcfg, dcfg=dcfg, tree_spec=tree_spec,
                            **kw)
     assert np.asarray(st.accepted).max() >= 2  # drafts were accepted, not only bonus tokens
@@ -91,6 +91,6 @@ def test_chi_square_check_detects_a_wrong_distribution():
     probs = exact_distribution(tcfg, tp, Sampler(temperature=1.0))
     prompt = jnp.asarray([PROMPT] * NUM, jnp.int32)
     lens = jnp.full((NUM,), len(PROMPT), jnp.int32)
-    wrong = ar_generate(tp, prompt, lens, jax.random.key(1), cfg=tcfg, max_new=NEW,
-                        sampler=Sampler(temperature=1.5), stop_ids=(), num_slots=48)
+    wrong = ar_generate(tp, prompt, lens, jax.random.key(1), cfg=tcfg,
+                        **loop_args(Sampler(temperature=1.5), max_new=NEW, num_slots=48))
     assert chi_square_p(counts(wrong.tokens, tcfg.vocab_size), probs) < ALPHA

@@ -21,10 +21,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as PS
 
-from helpers import random_prompts, tiny_head, tiny_target
+from helpers import loop_args, random_prompts, tiny_head, tiny_target
 from jetspec_jax import api
 from jetspec_jax.cli import main
-from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.io.checkpoints import load_target_checkpoint, save_target
@@ -33,7 +32,7 @@ from jetspec_jax.model.cache import KV_AXES
 
 FAKE_DEVICES = 8
 COLLECTIVES = r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)\b"
-KW = dict(max_new=16, sampler=Sampler(), stop_ids=(), num_slots=128)
+KW = loop_args(max_new=16, num_slots=128)
 # (spec, devices): dense on every mesh size: one device (no collectives), tp=2 shards the 4
 # heads and the 2 KV heads, tp=4 replicates the KV heads, tp=8 both (only the MLP and the vocab
 # are sharded); MoE with its experts replicated (tp only) and split over ep=4 (ep=2 splits them
@@ -135,7 +134,7 @@ def check_equal(kind):
         # Row-parallel o / down projections (and MoE experts split over ep) end in partial
         # sums; the vocab-parallel argmax / top-k gathers per-shard winners; nothing else.
         assert "all-reduce" in ops and ops <= {"all-reduce", "all-gather"}, (spec, ops)
-        full = (3, tcfg.num_kv_heads, KW["num_slots"], tcfg.head_dim)
+        full = (3, tcfg.num_kv_heads, KW["loop"].num_slots, tcfg.head_dim)
         part = jax.sharding.NamedSharding(
             mesh, sharding.logical_spec(KV_AXES, full, mesh.shape)).shard_shape(full)
         assert hlo_shape(part) in hlo, (spec, part)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from helpers import random_prompts, tiny_head, tiny_target
+from helpers import loop_args, random_prompts, tiny_head, tiny_target
 from jetspec_jax.decode.autoregressive import ar_generate
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
@@ -17,7 +17,7 @@ GREEDY = Sampler()
 
 def run_both(tcfg, tp, dcfg, dp, prompt, lens, tree_spec, stop_ids=(), max_new=MAX_NEW,
              **static):
-    kw = dict(max_new=max_new, sampler=GREEDY, stop_ids=stop_ids, num_slots=SLOTS, **static)
+    kw = loop_args(GREEDY, max_new=max_new, stop_ids=stop_ids, num_slots=SLOTS, **static)
     ar = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, **kw)
     sd, stats = spec_generate(tp, dp, prompt, lens, jax.random.key(0), tcfg=tcfg, dcfg=dcfg,
                               tree_spec=tree_spec, **kw)

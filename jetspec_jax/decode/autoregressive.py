@@ -9,6 +9,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import RowSampler, Sampler, choose_tokens, split_key
 from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache
@@ -142,63 +143,50 @@ class ARState:
     key: jax.Array
 
 
-def ar_start(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
-             sampler: Sampler, stop_ids: tuple[int, ...], num_slots: int,
-             kernels: Kernels = Kernels(), cache_dtype=jnp.float32,
-             prefill_chunk: int = PREFILL_CHUNK) -> ARState:
-    """Checks that the batch fits, then `ar_init`."""
-    check_capacity(prompt.shape[1], max_new, 1, cfg.max_position_embeddings, num_slots)
-    return ar_init(params, prompt, prompt_lens, key, cfg=cfg, max_new=max_new, sampler=sampler,
-                   stop_ids=stop_ids, num_slots=num_slots, kernels=kernels,
-                   cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
+def ar_start(params, prompt, prompt_lens, key, *, cfg: ModelConfig, sampler: Sampler,
+             loop: Loop) -> ARState:
+    """Checks that the batch fits, then `prefill_state`."""
+    check_capacity(prompt.shape[1], loop.max_new, 1, cfg.max_position_embeddings,
+                   loop.num_slots)
+    return prefill_state(params, cfg, prompt, prompt_lens, key, sampler, loop)[0]
 
 
-def ar_init(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
-            sampler: Sampler | RowSampler, stop_ids: tuple[int, ...], num_slots: int,
-            kernels: Kernels = Kernels(), cache_dtype=jnp.float32,
-            prefill_chunk: int = PREFILL_CHUNK) -> ARState:
-    """Prefill and the first token. prefill_chunk: prompt tokens per prefill pass (`prefill`)."""
+def prefill_state(params, cfg: ModelConfig, prompt, prompt_lens, key,
+                  sampler: Sampler | RowSampler, loop: Loop, *, taps=(), slack: int = 1):
+    """Prefill and the first token, the start of both loops -> (ARState, the prompts' taps
+    [B, P, k*D] or None). slack: output columns past max_new (a round may overshoot it)."""
     b = prompt.shape[0]
-    cache = target.allocate_cache(cfg, b, num_slots, cache_dtype)
-    logits, cache, _ = prefill(params, cfg, prompt, prompt_lens, cache, kernels=kernels,
-                               chunk=prefill_chunk)
+    cache = target.allocate_cache(cfg, b, loop.num_slots, loop.cache_dtype)
+    logits, cache, prompt_taps = prefill(params, cfg, prompt, prompt_lens, cache, taps=taps,
+                                         kernels=loop.kernels, chunk=loop.prefill_chunk)
     key, sub = split_key(key)
     first = choose_tokens(sub, logits, sampler)
-    out = Output.empty(b, max_new + 1).append(first[:, None], jnp.ones((b,), jnp.int32),
-                                               stop_ids, max_new)
-    return ARState(cache=cache, out=out, last=first, key=key)
+    out = Output.empty(b, loop.max_new + slack).append(
+        first[:, None], jnp.ones((b,), jnp.int32), loop.stop_ids, loop.max_new)
+    return ARState(cache=cache, out=out, last=first, key=key), prompt_taps
 
 
-def ar_continue(params, state: ARState, *, cfg: ModelConfig, max_new: int, sampler: Sampler,
-                stop_ids: tuple[int, ...], kernels: Kernels = Kernels(),
-                max_steps: int | None = None) -> ARState:
+def ar_continue(params, state: ARState, *, cfg: ModelConfig, sampler: Sampler | RowSampler,
+                loop: Loop, max_steps: int | None = None) -> ARState:
     """Decoding steps until every sequence is done, or max_steps of them."""
     ones = jnp.ones(state.last.shape, jnp.int32)
 
     def step(s: ARState) -> ARState:
         key, sub = split_key(s.key)
         nxt, cache = decode_step(params, cfg, s.cache, s.last, sub, sampler, s.out.done,
-                                 kernels)
-        return ARState(cache=cache, out=s.out.append(nxt[:, None], ones, stop_ids, max_new),
-                       last=nxt, key=key)
+                                 loop.kernels)
+        out = s.out.append(nxt[:, None], ones, loop.stop_ids, loop.max_new)
+        return ARState(cache=cache, out=out, last=nxt, key=key)
 
     return loop_until_done(step, state, max_steps)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "cfg", "max_new", "sampler", "stop_ids", "num_slots", "kernels", "cache_dtype",
-    "prefill_chunk"))
-def ar_generate(params, prompt, prompt_lens, key, *, cfg: ModelConfig, max_new: int,
-                sampler: Sampler, stop_ids: tuple[int, ...], num_slots: int,
-                kernels: Kernels = Kernels(), cache_dtype=jnp.float32,
-                prefill_chunk: int = PREFILL_CHUNK) -> Output:
-    """Autoregressive decoding of a right-padded batch; returns the generated tokens.
-    prefill_chunk: prompt tokens per prefill pass (`prefill`)."""
-    state = ar_start(params, prompt, prompt_lens, key, cfg=cfg, max_new=max_new,
-                     sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,
-                     kernels=kernels, cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
-    return ar_continue(params, state, cfg=cfg, max_new=max_new, sampler=sampler,
-                       stop_ids=stop_ids, kernels=kernels).out
+@functools.partial(jax.jit, static_argnames=("cfg", "sampler", "loop"))
+def ar_generate(params, prompt, prompt_lens, key, *, cfg: ModelConfig, sampler: Sampler,
+                loop: Loop) -> Output:
+    """Autoregressive decoding of a right-padded batch; returns the generated tokens."""
+    state = ar_start(params, prompt, prompt_lens, key, cfg=cfg, sampler=sampler, loop=loop)
+    return ar_continue(params, state, cfg=cfg, sampler=sampler, loop=loop).out
 
 
 def decode_step(params, cfg: ModelConfig, cache: KVCache, last, key, sampler: Sampler, done,

@@ -8,7 +8,6 @@ any drafter registered for its head's config), picked by the head's config.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import flax.struct
@@ -17,20 +16,18 @@ import jax.numpy as jnp
 
 from jetspec_jax.decode import adaptive
 from jetspec_jax.decode.autoregressive import (
-    PREFILL_CHUNK,
     Output,
     check_capacity,
     loop_until_done,
-    prefill,
+    prefill_state,
 )
+from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import RowSampler, Sampler, choose_tokens, split_key
 from jetspec_jax.decode.verify import accept, commit, verify_tree
 from jetspec_jax.draft import drafter as drafters
 from jetspec_jax.draft.drafter import HeadConfig
-from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.sharding import constrain_state
 
 from jetspec_jax.draft.tree_spec import TreeSpec
@@ -63,9 +60,10 @@ class SpecState:
 
 
 def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, state: SpecState,
-                      *, tree_spec: TreeSpec, sampler: Sampler | RowSampler, stop_ids,
-                      max_new: int, kernels: Kernels) -> SpecState:
+                      *, tree_spec: TreeSpec, sampler: Sampler | RowSampler,
+                      loop: Loop) -> SpecState:
     active = ~state.out.done
+    kernels = loop.kernels
     drafter = drafters.of(dcfg)
     tree, dcache = drafter.draft(dparams, dcfg, tparams, tcfg, state, active,
                                  tree_spec=tree_spec, kernels=kernels)
@@ -76,7 +74,8 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, sta
         key, sub = split_key(state.key)
         acc = accept(tree, choose_tokens(sub, logits, sampler), dcfg.depth)
         cache = commit(cache, acc, active)
-        out = state.out.append(acc.committed_tokens(tree), acc.count, stop_ids, max_new)
+        out = state.out.append(acc.committed_tokens(tree), acc.count, loop.stop_ids,
+                               loop.max_new)
         r = state.stats.rounds
         at = jnp.minimum(r, state.stats.accepted.shape[1] - 1)
         put = jax.vmap(lambda row, i, v: row.at[i].set(v))
@@ -95,70 +94,51 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, sta
 
 
 def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, prompt, prompt_lens, key,
-               *, max_new: int, sampler: Sampler, stop_ids, num_slots: int, kernels: Kernels,
-               cache_dtype, prefill_chunk: int = PREFILL_CHUNK) -> SpecState:
-    """Prefill: the target reads the prompts (with taps), picks the first token, and the draft
-    context is filled with the prompts' taps."""
+               *, sampler: Sampler | RowSampler, loop: Loop) -> SpecState:
+    """The autoregressive start (`prefill_state`: the target reads the prompts with taps and
+    picks the first token), then the draft context is filled with the prompts' taps."""
     b = prompt.shape[0]
-    blk = dcfg.block_size
-    cache = target.allocate_cache(tcfg, b, num_slots, cache_dtype)
-    logits, cache, prompt_taps = prefill(tparams, tcfg, prompt, prompt_lens, cache,
-                                         taps=dcfg.tap_layers, kernels=kernels,
-                                         chunk=prefill_chunk)
-    key, sub = split_key(key)
-    first = choose_tokens(sub, logits, sampler)
-    out = Output.empty(b, max_new + blk).append(first[:, None], jnp.ones((b,), jnp.int32),
-                                                 stop_ids, max_new)
+    ar, prompt_taps = prefill_state(tparams, tcfg, prompt, prompt_lens, key, sampler, loop,
+                                    taps=dcfg.tap_layers, slack=dcfg.block_size)
     dcache, pending_taps, pending_count = drafters.of(dcfg).start(
-        dparams, dcfg, tparams, prompt, prompt_lens, prompt_taps, num_slots=num_slots,
-        cache_dtype=cache_dtype)
+        dparams, dcfg, tparams, prompt, prompt_lens, prompt_taps, num_slots=loop.num_slots,
+        cache_dtype=loop.cache_dtype)
+    zeros = jnp.zeros((b, loop.max_new), jnp.int32)
     return constrain_state(SpecState(
-        cache=cache, draft_cache=dcache, anchor=first, pending_taps=pending_taps,
-        pending_count=pending_count, out=out,
-        stats=SpecStats(rounds=jnp.zeros((b,), jnp.int32),
-                        accepted=jnp.zeros((b, max_new), jnp.int32),
-                        nodes=jnp.zeros((b, max_new), jnp.int32)),
-        key=key))
+        cache=ar.cache, draft_cache=dcache, anchor=ar.last, pending_taps=pending_taps,
+        pending_count=pending_count, out=ar.out,
+        stats=SpecStats(rounds=jnp.zeros((b,), jnp.int32), accepted=zeros, nodes=zeros),
+        key=ar.key))
 
 
 def spec_start(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
-               dcfg: HeadConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
-               stop_ids: tuple[int, ...], num_slots: int, kernels: Kernels = Kernels(),
-               cache_dtype=jnp.float32, prefill_chunk: int = PREFILL_CHUNK) -> SpecState:
+               dcfg: HeadConfig, tree_spec: TreeSpec, sampler: Sampler,
+               loop: Loop) -> SpecState:
     """Checks that the batch fits, then `init_state`."""
-    check_capacity(prompt.shape[1], max_new,
+    check_capacity(prompt.shape[1], loop.max_new,
                    working_slots(tree_spec.budget, dcfg.block_size),
-                   tcfg.max_position_embeddings, num_slots)
-    return init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, max_new=max_new,
-                      sampler=sampler, stop_ids=stop_ids, num_slots=num_slots,
-                      kernels=kernels, cache_dtype=cache_dtype, prefill_chunk=prefill_chunk)
+                   tcfg.max_position_embeddings, loop.num_slots)
+    return init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, sampler=sampler,
+                      loop=loop)
 
 
 def spec_continue(tparams, dparams, state: SpecState, *, tcfg: ModelConfig, dcfg: HeadConfig,
-                  tree_spec: TreeSpec, max_new: int, sampler: Sampler,
-                  stop_ids: tuple[int, ...], kernels: Kernels = Kernels(),
+                  tree_spec: TreeSpec, sampler: Sampler | RowSampler, loop: Loop,
                   max_rounds: int | None = None) -> SpecState:
     """Speculative rounds until every sequence is done, or max_rounds of them."""
     round_fn = functools.partial(speculative_round, tparams, tcfg, dparams, dcfg,
-                                 tree_spec=tree_spec, sampler=sampler, stop_ids=stop_ids,
-                                 max_new=max_new, kernels=kernels)
+                                 tree_spec=tree_spec, sampler=sampler, loop=loop)
     # The carry's caches stay sharded by KV head on a mesh (no-op without one).
     return loop_until_done(lambda s: constrain_state(round_fn(s)), state, max_rounds)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "tcfg", "dcfg", "tree_spec", "max_new", "sampler", "stop_ids", "num_slots", "kernels",
-    "cache_dtype", "prefill_chunk"))
+@functools.partial(jax.jit, static_argnames=("tcfg", "dcfg", "tree_spec", "sampler", "loop"))
 def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
-                  dcfg: HeadConfig, tree_spec: TreeSpec, max_new: int, sampler: Sampler,
-                  stop_ids: tuple[int, ...], num_slots: int, kernels: Kernels = Kernels(),
-                  cache_dtype=jnp.float32,
-                  prefill_chunk: int = PREFILL_CHUNK) -> tuple[Output, SpecStats]:
+                  dcfg: HeadConfig, tree_spec: TreeSpec, sampler: Sampler,
+                  loop: Loop) -> tuple[Output, SpecStats]:
     """Speculative decoding of a right-padded batch; same outputs as `ar_generate` (greedy:
     token for token; sampling: in distribution)."""
-    loop = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=tree_spec, max_new=max_new, sampler=sampler,
-                stop_ids=stop_ids, kernels=kernels)
-    state = spec_start(tparams, dparams, prompt, prompt_lens, key, num_slots=num_slots,
-                       cache_dtype=cache_dtype, prefill_chunk=prefill_chunk, **loop)
-    state = spec_continue(tparams, dparams, state, **loop)
+    static = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=tree_spec, sampler=sampler, loop=loop)
+    state = spec_start(tparams, dparams, prompt, prompt_lens, key, **static)
+    state = spec_continue(tparams, dparams, state, **static)
     return state.out, state.stats

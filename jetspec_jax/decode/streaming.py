@@ -12,20 +12,19 @@ import jax
 import numpy as np
 
 from jetspec_jax.decode import autoregressive as decode, speculative
+from jetspec_jax.decode.loop import Loop
 
 # Default rounds (speculative) and steps (autoregressive) per chunk. On a CPU each call costs
 # more than its steps: XLA:CPU maps a fresh temporary buffer per call and faults it in. Chunks
 # of one round or step were much slower than the whole loop there, these a few percent
 # (docs/benchmarks.md, streaming). A GPU's temporaries come from a pooled allocator.
 SPEC_CHUNK, AR_CHUNK = 4, 8
-_LOOP = ("max_new", "sampler", "stop_ids", "kernels")  # static arguments of the loops
-_START = ("num_slots", "cache_dtype", "prefill_chunk")  # and of the prefill only
 
-_ar_start = jax.jit(decode.ar_start, static_argnames=("cfg", *_LOOP, *_START))
-_ar_continue = jax.jit(decode.ar_continue, static_argnames=("cfg", *_LOOP, "max_steps"),
+_ar_start = jax.jit(decode.ar_start, static_argnames=("cfg", "sampler", "loop"))
+_ar_continue = jax.jit(decode.ar_continue, static_argnames=("cfg", "sampler", "loop", "max_steps"),
                        donate_argnames="state")
-_SPEC = ("tcfg", "dcfg", "tree_spec", *_LOOP)
-_spec_start = jax.jit(speculative.spec_start, static_argnames=(*_SPEC, *_START))
+_SPEC = ("tcfg", "dcfg", "tree_spec", "sampler", "loop")
+_spec_start = jax.jit(speculative.spec_start, static_argnames=_SPEC)
 _spec_continue = jax.jit(speculative.spec_continue, static_argnames=(*_SPEC, "max_rounds"),
                          donate_argnames="state")
 
@@ -51,25 +50,18 @@ class Steps:
     advance_static: dict
 
 
-def _split(static: dict) -> tuple[dict, dict]:
-    loop = {k: static[k] for k in _LOOP}
-    return loop, {**loop, **{k: static[k] for k in _START}}
+def ar_steps(cfg, sampler, loop: Loop, chunk: int | None = None) -> Steps:
+    """The autoregressive loop (`decode.ar_generate`'s arguments) in chunks of steps."""
+    static = dict(cfg=cfg, sampler=sampler, loop=loop)
+    return Steps(_ar_start, static, _ar_continue,
+                 dict(static, max_steps=_chunk(chunk, AR_CHUNK)))
 
 
-def ar_steps(cfg, static: dict, chunk: int | None = None) -> Steps:
-    """static: the arguments `decode.ar_generate` takes by keyword besides cfg."""
-    loop, start = _split(static)
-    return Steps(_ar_start, dict(cfg=cfg, **start), _ar_continue,
-                 dict(cfg=cfg, max_steps=_chunk(chunk, AR_CHUNK), **loop))
-
-
-def spec_steps(tcfg, dcfg, tree_spec, static: dict, chunk: int | None = None) -> Steps:
-    """static: the arguments `speculative.spec_generate` takes by keyword besides the configs
-    and the tree."""
-    loop, start = _split(static)
-    fixed = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=tree_spec)
-    return Steps(_spec_start, {**fixed, **start}, _spec_continue,
-                 dict(**fixed, max_rounds=_chunk(chunk, SPEC_CHUNK), **loop))
+def spec_steps(tcfg, dcfg, tree_spec, sampler, loop: Loop, chunk: int | None = None) -> Steps:
+    """The speculative loop (`speculative.spec_generate`'s arguments) in chunks of rounds."""
+    static = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=tree_spec, sampler=sampler, loop=loop)
+    return Steps(_spec_start, static, _spec_continue,
+                 dict(static, max_rounds=_chunk(chunk, SPEC_CHUNK)))
 
 
 def _chunk(chunk: int | None, default: int) -> int:

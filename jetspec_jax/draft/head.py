@@ -61,11 +61,16 @@ class DraftConfig:
         return self.block_size - 1
 
     def check_target(self, tcfg: ModelConfig) -> None:
-        """Raises a clear error when this head cannot serve the target `tcfg`."""
+        """The one check that this head can serve the target `tcfg`: one ValueError naming
+        every way it cannot (hidden size, number of target layers, tap layers, mask token,
+        block size, draft vocabulary and, when the head records it, the vocabulary size)."""
         problems = []
         if self.layers.hidden_size != tcfg.hidden_size:
             problems.append(f"head hidden size {self.layers.hidden_size} != target hidden size "
                             f"{tcfg.hidden_size}")
+        vocab = self.layers.vocab_size
+        if vocab and vocab != tcfg.vocab_size:
+            problems.append(f"head vocab size {vocab} != target vocab size {tcfg.vocab_size}")
         if self.num_target_layers != tcfg.num_layers:
             problems.append(f"head was made for a {self.num_target_layers}-layer target, this "
                             f"target has {tcfg.num_layers} layers")
@@ -206,7 +211,7 @@ def head_hidden(dparams, dcfg: DraftConfig, cache: KVCache, x, positions, mask, 
     next round overwrites them."""
     cfg = dcfg.layers
     start = cache.lengths
-    impl, interpret = kernels.cache_attention()
+    impl, interpret = kernels.cache_attention(), kernels.interpret
     for p, kc, vc in zip(dparams["layers"], cache.k, cache.v):
         def attend(q, k, v, kc=kc, vc=vc):
             kc, vc = write_slots(kc, k, start), write_slots(vc, v, start)

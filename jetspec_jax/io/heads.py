@@ -45,12 +45,12 @@ from jetspec_jax.io.checkpoints import (CheckpointError, carried_metadata, load_
 from jetspec_jax.draft.head import DraftConfig, default_tap_layers, draft_specs
 from jetspec_jax.io.convert import hf
 from jetspec_jax.io.convert.common import ConversionError, Rule, convert_tensors
-from jetspec_jax.io.shards import is_shard_export, read_shards, save_shards, unflatten
+from jetspec_jax.io.shards import is_shard_export, read_shards, save_shards
 from jetspec_jax.model.config import ConfigError, ModelConfig, from_hf_config
-from jetspec_jax.model.params import check_params
+from jetspec_jax.model.params import check_params, unflatten
 
 __all__ = [
-    "KIND", "CheckpointError", "ConversionError", "check_head_fits", "convert_head",
+    "KIND", "CheckpointError", "ConversionError", "convert_head",
     "head_config_from_reference", "is_reference_head", "read_any_draft", "read_draft_checkpoint",
     "load_reference_head", "save_draft",
 ]
@@ -337,7 +337,7 @@ def read_any_draft(path: str | Path, *, dtype=None, target: ModelConfig | None =
     else:
         raise CheckpointError(f"cannot tell what {path} is; expected {_ACCEPTED}")
     if target is not None:
-        check_head_fits(dcfg, target)
+        dcfg.check_target(target)
     return dcfg, params
 
 
@@ -354,22 +354,6 @@ def convert_head(src: str | Path, dst: str | Path, *, dtype=None, overwrite: boo
         kept = read_shards(src)[3]
     return save_draft(dst, params, dcfg, metadata={**kept, "source": str(src), **(metadata or {})},
                       overwrite=overwrite, max_bytes=max_bytes)
-
-
-def check_head_fits(dcfg: DraftConfig, tcfg: ModelConfig) -> None:
-    """Raises one ValueError naming every way the head cannot serve the target: hidden size,
-    number of target layers, tap layers, mask token, block size (`DraftConfig.check_target`)
-    and, when the head knows it, the vocabulary size."""
-    problems = []
-    try:
-        dcfg.check_target(tcfg)
-    except ValueError as e:
-        problems.append(str(e).removeprefix("draft head does not fit the target: "))
-    vocab = dcfg.layers.vocab_size
-    if vocab and vocab != tcfg.vocab_size:
-        problems.append(f"head vocab size {vocab} != target vocab size {tcfg.vocab_size}")
-    if problems:
-        raise ValueError("draft head does not fit the target: " + "; ".join(problems))
 
 
 def _int(x) -> bool:

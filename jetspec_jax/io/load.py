@@ -184,11 +184,10 @@ def load_draft(path: str | Path, target: Target, *, mesh=None) -> Draft:
 
 
 def check_fits(draft: Draft, target: Target) -> None:
-    """One ValueError naming every way the head cannot serve the target, and which two."""
-    from jetspec_jax.io import heads as head_io
-
+    """The head config's check (`DraftConfig.check_target`), its error naming which head and
+    which target."""
     try:
-        head_io.check_head_fits(draft.dcfg, target.cfg)
+        draft.dcfg.check_target(target.cfg)
     except ValueError as e:
         where = f"head {draft.path or '<in memory>'}, target {target.source or target.name}"
         raise ValueError(f"{e} ({where})") from None

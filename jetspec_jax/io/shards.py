@@ -4,17 +4,24 @@
     kind, config, flat, meta = read_shards("export/head")       # or a list of the files
     params = unflatten(flat, draft_specs(DraftConfig.from_dict(config)), "head")
 
+The native format of a head is the orbax checkpoint directory (`checkpoints.py`: what training
+writes and `load_draft` reads). This second one is kept because a head must sometimes travel as
+files of a bounded size (`convert --head --shard-mib`: a copy to a machine that limits each
+file), which an orbax directory cannot promise; it reads back to the same tree, and loads
+wherever a head does (`generate --draft`, `--init-head`).
+
 A directory of `part-00001-of-00003.safetensors` files, each at most `max_bytes` long.
-Tensors are keyed by their tree path ("layers.0.q"); every file's header holds the same
-JSON {"kind", "config", "metadata", "num_files"}, so the files alone (in any folder) make the
-whole tree. Written to a hidden sibling directory and renamed into place.
+Tensors are keyed in the files by their tree path with dots ("layers.0.q"), the form exports
+have always had; in memory by the "/" path every reader uses (`model.params.unflatten`).
+Every file's header holds the same JSON {"kind", "config", "metadata", "num_files"}, so the
+files alone (in any folder) make the whole tree. Written to a hidden sibling directory and
+renamed into place.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import jax
 import numpy as np
@@ -23,17 +30,10 @@ from safetensors.numpy import save_file
 
 from jetspec_jax.io.checkpoints import CheckpointError
 from jetspec_jax.io.files import write_dir_atomic
+from jetspec_jax.model.params import flatten_params
 
 HEADER = "jetspec_jax"
 MAX_BYTES = 15 * 2**20
-
-
-def _key(path) -> str:
-    return ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
-
-
-def flatten(tree) -> dict[str, Any]:
-    return {_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def save_shards(path: str | Path, tree, config: dict, *, kind: str, metadata: dict | None = None,
@@ -43,7 +43,7 @@ def save_shards(path: str | Path, tree, config: dict, *, kind: str, metadata: di
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
     flat = {k: np.asarray(x if dtype is None else x.astype(dtype))
-            for k, x in flatten(jax.device_get(tree)).items()}
+            for k, x in _file_keys(flatten_params(jax.device_get(tree))).items()}
     header = json.dumps({"kind": kind, "config": config, "metadata": metadata or {},
                          "num_files": 0})
     fixed = 2 * len(header) + 1024  # the file header: our JSON (escaped) and tensor index
@@ -117,22 +117,11 @@ def read_shards(paths) -> tuple[str, dict, dict[str, np.ndarray], dict]:
     flat = {}
     for f in files:
         with safe_open(f, framework="numpy") as h:
-            flat.update({k: h.get_tensor(k) for k in h.keys()})
+            flat.update({k.replace(".", "/"): h.get_tensor(k) for k in h.keys()})
     return first["kind"], first["config"], flat, first["metadata"]
 
 
-def unflatten(flat: dict[str, np.ndarray], like, what: str, dtype=None):
-    """{key: array} -> a tree shaped like `like` (arrays or ParamSpecs with .shape); one error
-    lists every missing, unexpected and mis-shaped tensor."""
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(
-        like, is_leaf=lambda x: hasattr(x, "shape"))
-    keys = [_key(p) for p, _ in leaves]
-    problems = [f"missing {k}" for k in keys if k not in flat]
-    problems += [f"unexpected {k}" for k in flat if k not in set(keys)]
-    problems += [f"{k} has shape {flat[k].shape}, expected {tuple(x.shape)}"
-                 for k, (_, x) in zip(keys, leaves)
-                 if k in flat and tuple(flat[k].shape) != tuple(x.shape)]
-    if problems:
-        raise CheckpointError(f"{what}: " + "; ".join(problems))
-    return jax.tree_util.tree_unflatten(
-        treedef, [jax.numpy.asarray(flat[k], dtype) for k in keys])
+def _file_keys(flat: dict) -> dict:
+    """The files' key form: "layers/0/q" -> "layers.0.q"."""
+    return {k.replace("/", "."): x for k, x in flat.items()}
+

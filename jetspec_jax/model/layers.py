@@ -37,10 +37,9 @@ XLA = Kernels()
 
 def project(eq, x, w, kernels: Kernels = XLA, out_dtype=None):
     """A dense projection `einsum(eq, x, w)` whose contracted axes are x's last and w's first
-    (e.g. "BTNH,NHD->BTD"). kernels.matmul other than "xla" runs it as x [M, K] @ w [K, N]
-    through `pallas_kernels.gemv`: the kernel where it serves, or for "tuned" only where this
-    device's table says it beats XLA."""
-    if kernels.matmul == "xla":
+    (e.g. "BTNH,NHD->BTD"). kernels.matmul other than "xla" alone runs it as x [M, K] @ w [K, N]
+    through `pallas_kernels.gemv`, by the first of its names that serves."""
+    if kernels.matmul == ("xla",):
         return jnp.einsum(eq, x, w, preferred_element_type=out_dtype)
     x_axes, rest = eq.split(",")
     w_axes, out_axes = rest.split("->")
@@ -49,8 +48,7 @@ def project(eq, x, w, kernels: Kernels = XLA, out_dtype=None):
         raise ValueError(f"project: {eq} is not x's trailing axes against w's leading ones")
     lead, tail = x.shape[:-c], w.shape[c:]
     y = small_m_matmul(x.reshape(math.prod(lead), -1), w.reshape(-1, math.prod(tail)),
-                       impl="tuned" if kernels.matmul == "tuned" else "auto",
-                       interpret=kernels.interpret, out_dtype=out_dtype)
+                       impl=kernels.matmul, interpret=kernels.interpret, out_dtype=out_dtype)
     return y.reshape(lead + tail)
 
 
@@ -87,8 +85,7 @@ def moe(x, router, gate, up, down, *, top_k, normalize, kernels: Kernels = XLA):
         # Few (token, expert) pairs, as in batch-1 decoding: read only the chosen experts.
         pair_x = jnp.repeat(tokens, top_k, axis=0)  # [P = BT*k, D]
         mm = functools.partial(grouped_small_m_matmul, experts=flat_experts,
-                               impl="xla" if kernels.matmul == "xla" else "auto",
-                               interpret=kernels.interpret)
+                               impl=kernels.grouped_matmul(), interpret=kernels.interpret)
         h = jax.nn.silu(mm(pair_x, gate)) * mm(pair_x, up)  # [P, F]
         out = mm(h, down).astype(jnp.float32)  # [P, D]
         combined = (out * pair_weight[:, None]).reshape(b * t, top_k, d).sum(axis=1)
@@ -98,8 +95,7 @@ def moe(x, router, gate, up, down, *, top_k, normalize, kernels: Kernels = XLA):
     sorted_x = tokens[token_of_pair]  # [BT*k, D]
     group_sizes = jnp.bincount(flat_experts, length=num_experts).astype(jnp.int32)
     mm = functools.partial(grouped_matmul_sorted, group_sizes=group_sizes,
-                           impl="xla" if kernels.matmul == "xla" else "auto",
-                           interpret=kernels.interpret)
+                           impl=kernels.grouped_matmul(), interpret=kernels.interpret)
     h = jax.nn.silu(mm(sorted_x, gate)) * mm(sorted_x, up)  # [BT*k, F]
     out_sorted = mm(h, down)  # [BT*k, D]
     combined = jnp.zeros((b * t, d), jnp.float32).at[token_of_pair].add(

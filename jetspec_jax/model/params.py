@@ -114,16 +114,39 @@ def init_params(specs, key, dtype=jnp.float32, scale: float = 1.0):
     return jax.tree.unflatten(treedef, [make(s, k) for s, k in zip(leaves, keys)])
 
 
+def flatten_params(tree) -> dict:
+    """{"layers/0/q": leaf, ...}: the leaves (or ParamSpecs) by their "/"-joined tree path, the
+    one key form of every reader (`unflatten`, the conversion rules, the shard files' keys)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_spec)
+    return {"/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path): leaf
+            for path, leaf in flat}
+
+
+def unflatten(flat: dict, specs, what: str = "checkpoint", dtype=None, *,
+              absent=frozenset()):
+    """{"/"-path: array} -> the tree of `specs` (ParamSpecs or arrays) holding those arrays
+    (cast to dtype if given); first one ValueError listing every missing, unexpected or
+    mis-shaped tensor (`check_params`). absent: paths that may be missing (None in the tree;
+    a converter that skips a tensor on purpose)."""
+    want = flatten_params(specs)
+    _check_flat(flat, {k: s for k, s in want.items() if k in flat or k not in absent}, what)
+    treedef = jax.tree.structure(specs, is_leaf=is_spec)
+    return jax.tree.unflatten(treedef, [jnp.asarray(flat[k], dtype) if k in flat else None
+                                        for k in want])
+
+
 def check_params(params, specs, what: str = "checkpoint") -> None:
     """Raises one ValueError that lists every missing, extra or mis-shaped tensor."""
-    flat_specs = dict(_flatten_with_names(specs))
-    flat_params = dict(_flatten_with_names(params))
+    _check_flat(flatten_params(params), flatten_params(specs), what)
+
+
+def _check_flat(flat_params: dict, flat_specs: dict, what: str) -> None:
     missing = sorted(set(flat_specs) - set(flat_params))
     extra = sorted(set(flat_params) - set(flat_specs))
     shapes = [
-        f"{name}: expected {flat_specs[name].shape}, got {tuple(flat_params[name].shape)}"
+        f"{name}: expected {tuple(flat_specs[name].shape)}, got {tuple(flat_params[name].shape)}"
         for name in sorted(set(flat_specs) & set(flat_params))
-        if tuple(flat_params[name].shape) != flat_specs[name].shape
+        if tuple(flat_params[name].shape) != tuple(flat_specs[name].shape)
     ]
     problems = (
         [f"missing tensor {m}" for m in missing]
@@ -135,8 +158,3 @@ def check_params(params, specs, what: str = "checkpoint") -> None:
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise ValueError(f"{what} does not match the model config:\n  {shown}{more}")
 
-
-def _flatten_with_names(tree):
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_spec)
-    for path, leaf in flat:
-        yield "/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path), leaf

@@ -8,6 +8,8 @@ Decoding, prefill, tree verification and training all go through it.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -16,6 +18,7 @@ from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.layers import XLA, moe, project, rms_norm, rope, swiglu
 from jetspec_jax.model.layout import is_fused, split_qkv
+from pallas_kernels import common, dispatch
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
 from pallas_kernels.tree_attention import cache_attention
 
@@ -56,12 +59,17 @@ def attention_block(p, cfg: ModelConfig, x, positions, k_cache, v_cache, write_s
 def attend(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, write_start,
            block_mask, kernels):
     """The projections q [B, T, N, H], k, v [B, T, KV, H] -> (attention output [B, T, N, H],
-    caches with the new K/V written): q/k norms, RoPE, cache write and cache attention."""
-    if kernels.attention == "fused_decode":
-        fused = _fused_decode(p, cfg, q, k, v, positions, k_cache, v_cache, write_start,
-                              interpret=kernels.interpret)
-        if fused is not None:
-            return fused
+    caches with the new K/V written): q/k norms, RoPE, cache write and cache attention, by
+    the first of `kernels.attention` that serves the call (`pallas_kernels.dispatch`)."""
+    impls = {n: functools.partial(_attend, impl=n) for n in kernels.cache_attention()}
+    impls["fused_decode"] = _fused_decode
+    return dispatch.run("attention", kernels.attention, impls, p, cfg, q, k, v, positions,
+                        k_cache, v_cache, write_start, block_mask, interpret=kernels.interpret)
+
+
+def _attend(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, write_start,
+            block_mask, *, impl: str, interpret: bool):
+    """The unfused step, its cache attention by `impl`."""
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
@@ -69,24 +77,23 @@ def attend(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, write_star
     k = rope(k, positions, cfg.rope_theta)
     k_cache = write_slots(k_cache, k, write_start)
     v_cache = write_slots(v_cache, v, write_start)
-    impl, interpret = kernels.cache_attention()
     return cache_attention(q, k_cache, v_cache, write_start, block_mask, impl=impl,
                            interpret=interpret), k_cache, v_cache
 
 
-def _fused_decode(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, write_start, *,
-                  interpret: bool):
-    """(out, k_cache, v_cache) from the fused decode kernel, or None where it does not serve
-    (more than one token, a cache dtype other than the activations', ...)."""
+def _fused_decode(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, write_start,
+                  block_mask, *, interpret: bool):
+    """(out, k_cache, v_cache) from the fused decode kernel; it declines
+    (NotImplementedError) more than one token, a cache dtype other than the activations',
+    ..."""
+    del block_mask  # one token sees its own key, which the contract makes visible
     if q.shape[1] != 1:
-        return None
+        raise NotImplementedError(f"the fused decode kernel takes one token, got {q.shape[1]}")
+    common.require_gpu("fused decode kernel", interpret)
     cos, sin = rope_cos_sin(positions[:, 0], cfg.head_dim, cfg.rope_theta)
     norms = (p["q_norm"], p["k_norm"]) if cfg.qk_norm else (None, None)
-    try:
-        return fused_decode_attention(q, k, v, k_cache, v_cache, write_start, cos, sin, *norms,
-                                      eps=cfg.rms_norm_eps, interpret=interpret)
-    except NotImplementedError:
-        return None
+    return fused_decode_attention(q, k, v, k_cache, v_cache, write_start, cos, sin, *norms,
+                                  eps=cfg.rms_norm_eps, interpret=interpret)
 
 
 def mlp_block(p, cfg: ModelConfig, x, kernels: Kernels = XLA, fused: bool = False):

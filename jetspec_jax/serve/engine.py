@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetspec_jax import api
-from jetspec_jax.decode.autoregressive import PREFILL_CHUNK, ar_continue, ar_init
+from jetspec_jax.decode.autoregressive import ar_continue, prefill_state
+from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import RowSampler
 from jetspec_jax.decode.speculative import init_state, spec_continue, working_slots
 from jetspec_jax.serve.metrics import Metrics
@@ -107,21 +108,17 @@ def _key(seed: int) -> jax.Array:
 
 # ---- device programs -------------------------------------------------------------------------
 
-_STATIC = ("tcfg", "dcfg", "max_new", "stop_ids", "kernels")
+_STATIC = ("tcfg", "dcfg", "loop")
 
 
-def _start(tparams, dparams, prompt, lens, key, rows, *, tcfg, dcfg, num_slots, cache_dtype,
-           **loop):
+def _start(tparams, dparams, prompt, lens, key, rows, *, tcfg, dcfg, loop: Loop):
     """The state of a batch after its prefill (speculative with a head, else autoregressive)."""
-    common = dict(sampler=rows, num_slots=num_slots, cache_dtype=cache_dtype,
-                  prefill_chunk=PREFILL_CHUNK, **loop)
     if dcfg is None:
-        return ar_init(tparams, prompt, lens, key, cfg=tcfg, **common)
-    return init_state(tparams, tcfg, dparams, dcfg, prompt, lens, key, **common)
+        return prefill_state(tparams, tcfg, prompt, lens, key, rows, loop)[0]
+    return init_state(tparams, tcfg, dparams, dcfg, prompt, lens, key, sampler=rows, loop=loop)
 
 
-@functools.partial(jax.jit, static_argnames=(*_STATIC, "num_slots", "cache_dtype"),
-                   donate_argnames="state")
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames="state")
 def _insert(tparams, dparams, state, slot, prompt, lens, key, rows, **static):
     """Prefills one sequence (prompt [1, P]) and writes its state into row `slot`."""
     one = _start(tparams, dparams, prompt, lens, key, rows, **static)
@@ -137,16 +134,18 @@ def _evict(state, hole, last):
 
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "active", "tree_spec", "chunk"),
                    donate_argnames="state")
-def _advance(tparams, dparams, state, rows, *, active, tcfg, dcfg, tree_spec, chunk, **loop):
+def _advance(tparams, dparams, state, rows, *, active, tcfg, dcfg, tree_spec, chunk,
+             loop: Loop):
     """`chunk` rounds for rows 0..active-1 -> (state, what the host reads back)."""
     head = jax.tree.map(lambda x: x[:active], state)
     sampler = rows.rows(0, active)
     if dcfg is None:
-        head = ar_continue(tparams, head, cfg=tcfg, sampler=sampler, max_steps=chunk, **loop)
+        head = ar_continue(tparams, head, cfg=tcfg, sampler=sampler, loop=loop,
+                           max_steps=chunk)
         rounds = accepted = jnp.zeros((active,), jnp.int32)
     else:
         head = spec_continue(tparams, dparams, head, tcfg=tcfg, dcfg=dcfg, tree_spec=tree_spec,
-                             sampler=sampler, max_rounds=chunk, **loop)
+                             sampler=sampler, loop=loop, max_rounds=chunk)
         rounds, accepted = head.stats.rounds, jnp.sum(head.stats.accepted, axis=1)
     view = (head.out.tokens, head.out.num_tokens, head.out.done, rounds, accepted)
     if active < state.out.done.shape[0]:
@@ -189,9 +188,9 @@ class Engine:
             working_slots(s.budget, draft.dcfg.block_size)
             for s in self.specs.values())
         self.num_slots = api.bucket(self.max_len + extra, 128)
-        self.loop = dict(tcfg=target.cfg, dcfg=draft and draft.dcfg, max_new=self.max_len,
-                         stop_ids=self.stop_ids, kernels=kernels)
-        self.start_static = dict(num_slots=self.num_slots, cache_dtype=jnp.dtype(target.dtype))
+        self.static = dict(tcfg=target.cfg, dcfg=draft and draft.dcfg, loop=Loop(
+            max_new=self.max_len, num_slots=self.num_slots, stop_ids=self.stop_ids,
+            kernels=kernels, cache_dtype=jnp.dtype(target.dtype)))
         b = config.max_batch
         self.rows = dict(temperature=np.zeros(b, np.float32), top_k=np.zeros(b, np.int32),
                          top_p=np.ones(b, np.float32))
@@ -254,7 +253,7 @@ class Engine:
     def _empty_state(self):
         b = self.config.max_batch
         rows = RowSampler(**{k: jnp.asarray(v) for k, v in self.rows.items()})
-        shapes = jax.eval_shape(functools.partial(_start, **self.loop, **self.start_static),
+        shapes = jax.eval_shape(functools.partial(_start, **self.static),
                                 self.tparams, self.dparams, jax.ShapeDtypeStruct((b, 1), jnp.int32),
                                 jax.ShapeDtypeStruct((b,), jnp.int32),
                                 jax.random.split(jax.random.key(0), b), rows)
@@ -270,7 +269,7 @@ class Engine:
     def _run_round(self, active: int):
         return _advance(self.tparams, self.dparams, self.state, self._row_sampler(),
                         active=active, tree_spec=self.specs[active], chunk=self.chunk,
-                        **self.loop)
+                        **self.static)
 
     def _loop(self) -> None:
         while True:
@@ -326,7 +325,7 @@ class Engine:
         rows = RowSampler(**{k: jnp.asarray(v[slot:slot + 1]) for k, v in self.rows.items()})
         self.state = _insert(self.tparams, self.dparams, self.state, jnp.int32(slot),
                              jnp.asarray(prompt), jnp.asarray([len(r.ids)], jnp.int32),
-                             _key(seed)[None], rows, **self.loop, **self.start_static)
+                             _key(seed)[None], rows, **self.static)
 
     def _step(self) -> None:
         n = len(self.slots)

@@ -38,6 +38,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.io.files import write_atomic, write_json
 from jetspec_jax.model.config import ModelConfig
@@ -211,9 +212,9 @@ class _Generator:
         return arrays, int((lengths - prompt_lengths).sum()), seconds
 
     def _program(self, sampler, args):
-        static = dict(cfg=self.tcfg, max_new=self.s.max_new, sampler=sampler,
-                      stop_ids=self.stop_ids, num_slots=self.s.max_prompt_len + self.s.max_new + 1,
-                      cache_dtype=self.cache_dtype)
+        static = dict(cfg=self.tcfg, sampler=sampler, loop=Loop(
+            max_new=self.s.max_new, num_slots=self.s.max_prompt_len + self.s.max_new + 1,
+            stop_ids=self.stop_ids, cache_dtype=self.cache_dtype))
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
         key = (tuple(sorted(static.items(), key=str)), jax.tree.structure(shapes),
                tuple(jax.tree.leaves(shapes)))

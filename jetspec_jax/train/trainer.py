@@ -43,14 +43,15 @@ from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
 from jetspec_jax.draft.drafter import HeadConfig
 from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.io.checkpoints import read_info
 from jetspec_jax.io.heads import read_any_draft
-from jetspec_jax.io.shards import is_shard_export, read_shards, unflatten
+from jetspec_jax.io.shards import is_shard_export, read_shards
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.model.params import check_params, init_params
+from jetspec_jax.model.params import check_params, init_params, unflatten
 from jetspec_jax.train.head_kinds import HEADS
 from jetspec_jax.train.data import DatasetError, covering_size, frequent_tokens, load_shards
 from jetspec_jax.train.features import load_features
@@ -278,10 +279,10 @@ def mean_accepted_length(cfg: TrainConfig, tcfg, dcfg, dparams, tparams, data) -
     plens = data["prompt_lengths"][idx]
     prompt, plens = jnp.asarray(data["tokens"][idx, :plens.max()]), jnp.asarray(plens)
     slots = int(plens.max()) + cfg.tau_max_new + working_slots(cfg.tree_budget, cfg.block_size)
-    kw = dict(max_new=cfg.tau_max_new, sampler=Sampler(), stop_ids=tuple(tcfg.eos_token_ids),
-              num_slots=slots)
+    loop = Loop(max_new=cfg.tau_max_new, num_slots=slots, stop_ids=tcfg.eos_token_ids)
     _, stats = spec_generate(tparams, dparams, prompt, plens, jax.random.key(0), tcfg=tcfg,
-                             dcfg=dcfg, tree_spec=TreeSpec(cfg.tree_budget, cfg.tree_width), **kw)
+                             dcfg=dcfg, tree_spec=TreeSpec(cfg.tree_budget, cfg.tree_width),
+                             sampler=Sampler(), loop=loop)
     return float(np.sum(stats.accepted) / max(int(np.sum(stats.rounds)), 1))
 
 

@@ -3,9 +3,9 @@ and its grouped form for MoE experts, y[p] = x[p] @ w[experts[p]]; for MoE passe
 pairs, the expert-major grouped matmul over rows sorted by expert (`grouped_matmul_sorted`,
 the contract of `lax.ragged_dot`).
 
-Implementations: `xla` and `pallas` (split-K, Triton lowering, any NVIDIA GPU);
-`impl="auto"` picks one for the device and falls back to XLA; `impl="tuned"` (dense) uses the
-kernel only for the shapes of this device's tuned table (`tuned_<device>.json`)."""
+Implementations: `xla`, `pallas` (split-K, Triton lowering, any NVIDIA GPU) and, dense only,
+`tuned` (the kernel for the shapes of this device's tuned table, `tuned_<device>.json`); `impl`
+is a name or an ordered list (`api.py`), by default the kernel where it serves, else XLA."""
 
 from pallas_kernels.gemv.api import grouped_matmul_sorted, grouped_small_m_matmul, small_m_matmul
 

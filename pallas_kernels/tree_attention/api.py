@@ -1,101 +1,69 @@
-"""Picks an implementation of cache attention for the device; falls back to the reference.
+"""Cache attention of T queries by implementation name:
 
-impl:
-  "auto"       GPU: T == 1 -> split-K decode kernel; compute capability 9.x and a supported
-               shape -> Hopper Mosaic GPU kernel; else the portable (Triton-lowered) kernel;
-               each falls back to the next on NotImplementedError, finally to the XLA
-               reference. CPU: reference (unless interpret=True: the GPU chain in interpret
-               mode).
-  "reference"  pure-JAX reference (XLA).
-  "portable"   Pallas, Triton lowering, any NVIDIA GPU.
+  "decode"     the split-K decode kernel (`pallas_kernels.decode_attention`; T == 1 only).
   "hopper"     Pallas Mosaic GPU (wgmma + TMA), sm_90 only.
-  "decode"     split-K decode kernel (T == 1 only).
-Forced kernels raise NotImplementedError for shapes they cannot serve.
-interpret=True runs the Pallas kernels in interpret mode (CPU testing).
+  "portable"   Pallas, Triton lowering, any NVIDIA GPU.
+  "reference"  the pure-JAX reference (XLA); serves every call.
+
+impl: a name or an ordered list of names (`pallas_kernels.dispatch`: an implementation that
+cannot serve the call raises NotImplementedError and the next one serves); None: `DEFAULT`,
+the fastest first. The Pallas kernels serve off a GPU only in interpret mode (CPU testing).
 """
 
 from __future__ import annotations
 
-from pallas_kernels import common
+from collections.abc import Sequence
+
+from pallas_kernels import common, dispatch
 from pallas_kernels.tree_attention import mask as mask_lib
 from pallas_kernels.tree_attention.reference import cache_attention_reference
 
+DEFAULT = ("decode", "hopper", "portable", "reference")
 
-def _reference(q, k_cache, v_cache, prefix_len, block_mask, *, interpret=False, config=None):
+
+def _reference(q, k_cache, v_cache, prefix_len, block_mask, *, interpret, config):
     del interpret, config
     return cache_attention_reference(q, k_cache, v_cache, prefix_len,
                                      mask_lib.as_dense(block_mask, q.shape[1]))
 
 
-def _portable(q, k_cache, v_cache, prefix_len, block_mask, *, interpret=False, config=None):
+def _portable(q, k_cache, v_cache, prefix_len, block_mask, *, interpret, config):
     from pallas_kernels.tree_attention.portable import cache_attention_portable
 
+    common.require_gpu("portable tree-attention kernel", interpret)
     return cache_attention_portable(q, k_cache, v_cache, prefix_len, block_mask, config=config,
                                     interpret=interpret)
 
 
-def _hopper(q, k_cache, v_cache, prefix_len, block_mask, *, interpret=False, config=None):
+def _hopper(q, k_cache, v_cache, prefix_len, block_mask, *, interpret, config):
     from pallas_kernels.tree_attention.hopper import cache_attention_hopper
 
+    common.require_gpu("Hopper tree-attention kernel", interpret, hopper=True)
     return cache_attention_hopper(q, k_cache, v_cache, prefix_len, block_mask, config=config,
                                   interpret=interpret)
 
 
-def _decode(q, k_cache, v_cache, prefix_len, block_mask, *, interpret=False, config=None):
+def _decode(q, k_cache, v_cache, prefix_len, block_mask, *, interpret, config):
     from pallas_kernels.decode_attention import decode_attention
 
     # T == 1: the only block key is the query's own, which the contract makes visible.
-    return decode_attention(q, k_cache, v_cache, prefix_len, config=config, interpret=interpret)
+    return decode_attention(q, k_cache, v_cache, prefix_len, impl="splitk", config=config,
+                            interpret=interpret)
 
 
-IMPLEMENTATIONS = {
-    "reference": _reference,
-    "portable": _portable,
-    "hopper": _hopper,
-    "decode": _decode,
-}
+IMPLEMENTATIONS = {"decode": _decode, "hopper": _hopper, "portable": _portable,
+                   "reference": _reference}
 
 
-def _is_hopper() -> bool:
-    platform, cc, _ = common.device_info()
-    return platform == "gpu" and cc is not None and str(cc).startswith("9")
-
-
-def auto_chain(num_queries: int, *, interpret: bool = False) -> list[str]:
-    """Implementations "auto" tries, in order."""
-    on_gpu = common.device_info()[0] == "gpu"
-    if not (on_gpu or interpret):
-        return ["reference"]
-    chain = []
-    if num_queries == 1:
-        chain.append("decode")
-    if interpret or _is_hopper():
-        chain.append("hopper")
-    chain += ["portable", "reference"]
-    return chain
-
-
-def cache_attention(q, k_cache, v_cache, prefix_len, block_mask=None, *, impl="auto",
-                    interpret: bool = False, config=None):
+def cache_attention(q, k_cache, v_cache, prefix_len, block_mask=None, *,
+                    impl: str | Sequence[str] | None = None, interpret: bool = False,
+                    config=None):
     """See `reference.cache_attention_reference` for the contract. block_mask: None (causal),
     bool [B, T, T], or bit-packed uint32 [B, T, ceil(T/32)] (`mask.pack_block_mask`).
-    config: a kernel config (only with a forced impl)."""
-    if impl == "auto":
-        errors = []
-        for name in auto_chain(q.shape[1], interpret=interpret):
-            try:
-                return IMPLEMENTATIONS[name](q, k_cache, v_cache, prefix_len, block_mask,
-                                             interpret=interpret and name != "reference")
-            except NotImplementedError as e:  # shape not served: next candidate
-                errors.append(f"{name}: {e}")
-        raise NotImplementedError("; ".join(errors))
-    try:
-        fn = IMPLEMENTATIONS[impl]
-    except KeyError:
-        raise ValueError(
-            f"unknown attention impl {impl!r}; choose from {sorted(IMPLEMENTATIONS) + ['auto']}"
-        ) from None
-    return fn(q, k_cache, v_cache, prefix_len, block_mask, interpret=interpret, config=config)
+    config: a kernel config (for a list naming one kernel)."""
+    return dispatch.run("cache attention", DEFAULT if impl is None else impl, IMPLEMENTATIONS,
+                        q, k_cache, v_cache, prefix_len, block_mask, interpret=interpret,
+                        config=config)
 
 
 def pack_block_mask(block_mask):
@@ -103,4 +71,4 @@ def pack_block_mask(block_mask):
     return mask_lib.pack_block_mask(block_mask)
 
 
-__all__ = ["cache_attention", "pack_block_mask", "IMPLEMENTATIONS", "auto_chain"]
+__all__ = ["cache_attention", "pack_block_mask", "IMPLEMENTATIONS", "DEFAULT"]

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 import test_train
-from helpers import random_prompts, tiny_target
+from helpers import loop_args, random_prompts, tiny_target
 from jetspec_jax.decode.autoregressive import ar_generate, prefill
-from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate
 from jetspec_jax.io.checkpoints import read_info
 from jetspec_jax.model import target
@@ -47,11 +46,11 @@ def test_the_prefill_chunk_is_a_static_argument_of_the_eagle_decoder():
     ecfg = eagle.eagle_config_for(tcfg, num_taps=2, depth=3)
     ep = init_params(eagle.eagle_specs(ecfg), jax.random.key(2))
     prompt, lens = random_prompts(np.random.default_rng(0), 2, 9, tcfg.vocab_size)
-    kw = dict(max_new=4, sampler=Sampler(), stop_ids=(), num_slots=40)
+    kw = dict(max_new=4, num_slots=40)
 
     def fn(c):
         return spec_generate.lower(tp, ep, prompt, lens, jax.random.key(0), tcfg=tcfg, dcfg=ecfg,
-                                   tree_spec=TreeSpec(8, 3), prefill_chunk=c, **kw)
+                                   tree_spec=TreeSpec(8, 3), **loop_args(prefill_chunk=c, **kw))
 
     one_pass, chunked = fn(64).as_text(), fn(4).as_text()
     assert one_pass != chunked
@@ -121,7 +120,7 @@ def test_eagle_greedy_speculative_equals_autoregressive(kind, budget, width, dep
     ecfg, ep = eagle_head(tcfg)
     ecfg = dataclasses.replace(ecfg, depth=depth or ecfg.depth)
     prompt, lens = random_prompts(np.random.default_rng(0), 3, 6, tcfg.vocab_size)
-    kw = dict(max_new=20, sampler=Sampler(), stop_ids=(4,), num_slots=96)
+    kw = loop_args(max_new=20, stop_ids=(4,), num_slots=96)
     ar = ar_generate(tp, prompt, lens, jax.random.key(0), cfg=tcfg, **kw)
     out, stats = spec_generate(tp, ep, prompt, lens, jax.random.key(0), tcfg=tcfg, dcfg=ecfg,
                                tree_spec=TreeSpec(budget, width), **kw)
@@ -140,5 +139,4 @@ def test_eagle_refuses_what_its_own_tree_cannot_do(spec):
     prompt, lens = random_prompts(np.random.default_rng(0), 2, 4, tcfg.vocab_size)
     with pytest.raises(ValueError, match="EAGLE-style head grows its own tree"):
         spec_generate.trace(tp, ep, prompt, lens, jax.random.key(0), tcfg=tcfg, dcfg=ecfg,
-                            tree_spec=spec, max_new=4, sampler=Sampler(), stop_ids=(),
-                            num_slots=64)
+                            tree_spec=spec, **loop_args(max_new=4, num_slots=64))

@@ -14,14 +14,13 @@ import math
 import re
 from collections.abc import Callable, Iterable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
 from jetspec_jax.io.sources import package_file  # noqa: F401 (re-exported)
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.model.params import check_params, target_specs
+from jetspec_jax.model.params import target_specs, unflatten
 
 
 class ConversionError(ValueError):
@@ -135,21 +134,21 @@ class _Assembly:
         for path, seen in self.experts.items():
             if missing := sorted(set(range(self.leaf_shapes[path][0])) - seen):
                 self.problems.append(f"missing tensor {path}: no weights for experts {missing}")
-        params = unflatten(self.flat, self.cfg.num_layers)
+        params = None
         try:
-            check_params(params, target_specs(self.cfg), what)
+            params = unflatten(self.flat, target_specs(self.cfg), what, absent=self.accounted)
         except ValueError as e:
             for line in (line.strip() for line in str(e).splitlines()[1:]):
                 path = line.removeprefix("missing tensor ")
                 if path == line:
                     self.problems.append(line)
-                elif path not in self.accounted:
+                else:
                     source = _source_name(self.rules, path, self.cfg)
                     self.problems.append(f"{line} ({source})" if source else line)
         if self.problems:
             raise ConversionError(f"cannot convert {what}:\n  "
                                   + "\n  ".join(dict.fromkeys(self.problems)))
-        return jax.tree.map(jnp.asarray, params)
+        return params
 
 
 def _source_name(rules: list[Rule], path: str, cfg: ModelConfig) -> str | None:
@@ -163,20 +162,6 @@ def _source_name(rules: list[Rule], path: str, cfg: ModelConfig) -> str | None:
         name = rule.pattern.replace(r"(\d+)", layer or "", 1).replace(r"(\d+)", "*")
         return name.replace("\\", "")
     return None
-
-
-def unflatten(flat: dict[str, np.ndarray], num_layers: int) -> dict:
-    """{"layers/0/q": a, "embed": b} -> {"layers": [{"q": a}, ...], "embed": b}.
-
-    A layer with no tensors stays an empty dict, so check_params names what it lacks."""
-    tree: dict = {"layers": [{} for _ in range(num_layers)]}
-    for path, value in flat.items():
-        parts = path.split("/")
-        if parts[0] == "layers":
-            tree["layers"][int(parts[1])][parts[2]] = value
-        else:
-            tree[parts[0]] = value
-    return tree
 
 
 def _natural(key: str):
