@@ -47,9 +47,8 @@ def lookup(tokens, length, max_len: int) -> tuple[jax.Array, jax.Array]:
     alive = i < (length - 1)[:, None]  # it ends before the last token: something follows
     for k in range(MAX_N):  # the suffix's k-th token from the end against tokens[i - k]
         last = jnp.take_along_axis(tokens, jnp.maximum(length - 1 - k, 0)[:, None], axis=1)
-        back = jnp.take_along_axis(tokens, jnp.broadcast_to(jnp.maximum(i - k, 0), tokens.shape),
-                                   axis=1)
-        alive = alive & (i >= k) & (k < length - 1)[:, None] & (back == last)
+        back = jnp.pad(tokens, ((0, 0), (k, 0)), constant_values=-1)[:, :s]  # -1: before 0
+        alive = alive & (back == last)
         run = run + alive
     key = jnp.where(run > 0, run * s + i, -1)  # longest match, then the latest
     best = jnp.argmax(key, axis=1)  # [B]
@@ -134,7 +133,7 @@ class NgramConfig:
     max_len: int = 8
 
     def __post_init__(self):
-        if not 1 <= self.max_len:
+        if self.max_len < 1:
             raise ValueError(f"n-gram chain length must be >= 1, got {self.max_len}")
 
     tap_layers = ()  # it reads no hidden states
