@@ -28,6 +28,7 @@ from jetspec_jax import costs
 from jetspec_jax.decode import streaming
 from jetspec_jax.decode.autoregressive import PREFILL_CHUNK, ar_generate, check_capacity
 from jetspec_jax.draft.head import draft_specs
+from jetspec_jax.draft.ngram import NgramConfig
 from jetspec_jax.model import kernels as kernels_lib, layout, sharding
 from jetspec_jax.io.load import (  # noqa: F401  (re-exported: the API's loading half)
     CHECKPOINT_DIRS, DEFAULT_MODEL, DTYPES, Draft, Target, check_fits, default_draft_path,
@@ -37,7 +38,7 @@ from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slot
 from jetspec_jax.decode.streaming import StreamChunk
 from jetspec_jax.io.tokenizer import TokenizerError
 from jetspec_jax.model.params import target_specs
-from jetspec_jax.options import CPU_BUCKETS, GPU_BUCKETS, NGRAM_DRAFT  # jax-free: the CLI reads them
+from jetspec_jax.options import CPU_BUCKETS, GPU_BUCKETS  # jax-free: the CLI help reads them
 from jetspec_jax.results import GenerationResult, format_mix  # noqa: F401
 
 AUTO_BUCKETS = None  # tree sizes budget="auto" picks from each round; None: `auto_buckets()`
@@ -102,7 +103,7 @@ def decoding_options(*, budget=None, width=7, tree="accum_logp", temperature=0.0
     auto = isinstance(budget, str) and budget == "auto"
     if isinstance(budget, str) and not auto:
         raise ValueError(f"budget must be a number of tree nodes or 'auto', got {budget!r}")
-    if auto and (ngram or draft is not None and draft.path == NGRAM_DRAFT):
+    if auto and (ngram or draft is not None and isinstance(draft.dcfg, NgramConfig)):
         raise ValueError("n-gram chains take a fixed budget, not 'auto'")
     if budget is None:
         budget = default_budget(draft)
