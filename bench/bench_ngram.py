@@ -3,7 +3,7 @@ shipped head with and without chains in its tree, and of the n-gram drafter alon
 lookup, no head), on a few prompts of each benchmark set.
 
   python -m bench.bench_ngram --dtype float32 --prompts 4 --max-new-tokens 128 \
-      --configs head:4 head:4:3 head:16 head:16:8 ngram:4 ngram:8 --out bench/results/ngram/cpu.json
+      --configs head:4 head:4:3 head:16 head:16:8 ngram:4 --out bench/results/ngram/cpu.json
 
 A config is head:BUDGET[:L] (the head's tree of BUDGET nodes, with a chain of up to L tokens)
 or ngram:L (the n-gram drafter, chains of L tokens, trees of L + 1 nodes). Each prompt is
@@ -20,7 +20,7 @@ import jax
 
 from bench.common.prompts import BENCHMARKS
 from bench.common.results_io import command_line, write_json
-from bench.eval_head import one_bucket
+from bench.eval_head import add_model_flags, one_bucket
 from jetspec_jax import api
 
 
@@ -65,10 +65,7 @@ def rows_of(name, sums, configs, prompts):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=api.DEFAULT_MODEL)
-    ap.add_argument("--draft", default=None, help="head folder (default: the shipped head)")
-    ap.add_argument("--dtype", default="float32", choices=sorted(api.DTYPES))
-    ap.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=list(BENCHMARKS))
+    add_model_flags(ap, dtype="float32")
     ap.add_argument("--prompts", type=int, default=4, help="prompts per benchmark")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--configs", type=parse_config, nargs="+",
