@@ -89,7 +89,8 @@ def synthetic_state(layout, context, vocab, key):
         cache=filled(layout.cache, k_target), draft_cache=filled(layout.draft_cache, k_draft),
         anchor=jax.random.randint(k_anchor, layout.anchor.shape, 0, vocab, jnp.int32),
         pending_taps=zeros(layout.pending_taps), pending_count=zeros(layout.pending_count),
-        out=zeros(layout.out), stats=zeros(layout.stats), key=key)
+        out=zeros(layout.out), stats=zeros(layout.stats), key=key, prompt=zeros(layout.prompt),
+        prompt_lens=zeros(layout.prompt_lens))
 
 
 def programs(cfg, dcfg, mesh, args):

@@ -103,12 +103,17 @@ def pooled(rows: list[dict]) -> dict:
                 identical_share=sum(r["identical_share"] * r["prompts"] for r in rows) / prompts)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_model_flags(ap, *, dtype: str) -> None:
+    """--model, --draft, --dtype and --benchmarks: the target, the head and the prompt sets."""
     ap.add_argument("--model", default=api.DEFAULT_MODEL)
     ap.add_argument("--draft", default=None, help="head folder (default: the shipped head)")
-    ap.add_argument("--dtype", default="bfloat16", choices=sorted(api.DTYPES))
+    ap.add_argument("--dtype", default=dtype, choices=sorted(api.DTYPES))
     ap.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=list(BENCHMARKS))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_flags(ap, dtype="bfloat16")
     ap.add_argument("--limit", type=int, default=0, help="prompts per benchmark (0: all)")
     ap.add_argument("--budgets", type=int, nargs="*", default=[16, 32, 64, 128, 256])
     ap.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 1.0])

@@ -29,10 +29,11 @@ from jetspec_jax.decode import streaming
 from jetspec_jax.decode.autoregressive import PREFILL_CHUNK, ar_generate, check_capacity
 from jetspec_jax.decode.loop import Loop
 from jetspec_jax.draft.head import draft_specs
+from jetspec_jax.draft.ngram import NgramConfig
 from jetspec_jax.model import kernels as kernels_lib, layout, sharding
 from jetspec_jax.io.load import (  # noqa: F401  (re-exported: the API's loading half)
     CHECKPOINT_DIRS, DEFAULT_MODEL, DTYPES, Draft, Target, check_fits, default_draft_path,
-    load_draft, load_target, read_prompt_file, resolve_dtype)
+    load_draft, load_target, ngram_draft, read_prompt_file, resolve_dtype)
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, spec_generate, working_slots
 from jetspec_jax.decode.streaming import StreamChunk
@@ -43,7 +44,7 @@ from jetspec_jax.results import GenerationResult, format_mix  # noqa: F401
 
 AUTO_BUCKETS = None  # tree sizes budget="auto" picks from each round; None: `auto_buckets()`
 
-__all__ = ["Target", "Draft", "GenerationResult", "load_target", "load_draft",
+__all__ = ["Target", "Draft", "GenerationResult", "load_target", "load_draft", "ngram_draft",
            "default_draft_path", "generate", "stream", "StreamChunk", "bench",
            "read_prompt_file"]
 
@@ -95,16 +96,19 @@ class Options:
 
 
 def decoding_options(*, budget=None, width=7, tree="accum_logp", temperature=0.0, top_k=0,
-                     top_p=1.0, attn_impl="auto", matmul_impl="auto",
+                     top_p=1.0, attn_impl="auto", matmul_impl="auto", ngram: int = 0,
                      draft: Draft | None = None) -> Options:
     """Validates the decoding flags (cheap: the CLI calls it before loading a model).
-    budget None: `default_budget(draft)`."""
+    budget None: `default_budget(draft)`; ngram: context chains of up to this many tokens in
+    each tree (`TreeSpec.ngram`)."""
     auto = isinstance(budget, str) and budget == "auto"
     if isinstance(budget, str) and not auto:
         raise ValueError(f"budget must be a number of tree nodes or 'auto', got {budget!r}")
+    if auto and (ngram or draft is not None and isinstance(draft.dcfg, NgramConfig)):
+        raise ValueError("n-gram chains take a fixed budget, not 'auto'")
     if budget is None:
         budget = default_budget(draft)
-    spec = TreeSpec(max(auto_buckets()) if auto else budget, width, tree)
+    spec = TreeSpec(max(auto_buckets()) if auto else budget, width, tree, ngram=ngram)
     kernels_lib.choose(attn_impl, matmul_impl)  # names and the machine checked up front
     return Options(Sampler(temperature, top_k, top_p), spec, attn_impl, matmul_impl, auto)
 
@@ -267,12 +271,13 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
              budget: int | str | None = None, width: int = 7, tree: str = "accum_logp",
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              chat: bool = True, stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
-             matmul_impl: str = "auto", mesh=None, prefill_chunk: int = PREFILL_CHUNK) -> _Run:
+             matmul_impl: str = "auto", mesh=None, prefill_chunk: int = PREFILL_CHUNK,
+             ngram: int = 0) -> _Run:
     """`generate`'s options checked, the prompts encoded and batched, and the weights and
     batch placed on the mesh."""
     opts = decoding_options(budget=budget, width=width, tree=tree, temperature=temperature,
                             top_k=top_k, top_p=top_p, attn_impl=attn_impl,
-                            matmul_impl=matmul_impl, draft=draft)
+                            matmul_impl=matmul_impl, ngram=ngram, draft=draft)
     if draft is not None:
         check_fits(draft, target)
     ids = encode_prompts(target, prompts, chat=chat)
@@ -288,7 +293,8 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
         if layout.is_fused(tparams):  # sharding knows the separate layout only
             tparams = layout.split_projections(tparams, target.cfg)
         tparams = sharding.shard_params(tparams, target_specs(target.cfg), mesh)
-        dparams = draft and sharding.shard_params(dparams, draft_specs(draft.dcfg), mesh)
+        if dparams:  # the n-gram drafter has no weights
+            dparams = sharding.shard_params(dparams, draft_specs(draft.dcfg), mesh)
         prompt, lens, key = sharding.replicate((prompt, lens, key), mesh)
     kernels = resolve_kernels(target, opts.attn_impl, opts.matmul_impl, mesh)
     loop = Loop(max_new=max_new_tokens, num_slots=batch.num_slots, stop_ids=tuple(stop_ids),
@@ -308,7 +314,7 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              chat: bool = True, stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
              matmul_impl: str = "auto", compare_autoregressive: bool = False, mesh=None,
-             prefill_chunk: int = PREFILL_CHUNK) -> GenerationResult:
+             prefill_chunk: int = PREFILL_CHUNK, ngram: int = 0) -> GenerationResult:
     """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
 
     budget: tree nodes per round (None: `default_budget(draft)`), or "auto": each round picks its
@@ -320,12 +326,15 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
     (None: the target's mesh, or one device), a spec such as "tp=2" or a `Mesh`;
     prefill_chunk: prompt tokens per prefill pass (smaller: less memory for long prompts in
     big batches; `decode.prefill` refuses a bad one while tracing, before
-    anything compiles)."""
+    anything compiles); ngram: add to each round's tree a chain of up to this many tokens
+    that followed the latest earlier occurrence of the text's last 1-4 tokens in the prompt
+    and the output (0: none; `draft/ngram.py`). draft=`ngram_draft(L)` drafts such chains
+    alone, with no head."""
     run = _prepare(target, prompts, draft, max_new_tokens=max_new_tokens, budget=budget,
                    width=width, tree=tree, temperature=temperature,
                    top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop_ids=stop_ids,
                    attn_impl=attn_impl, matmul_impl=matmul_impl, mesh=mesh,
-                   prefill_chunk=prefill_chunk)
+                   prefill_chunk=prefill_chunk, ngram=ngram)
 
     def autoregressive():
         return run.call(_timed, ar_generate, (run.tparams, *run.args),
@@ -389,16 +398,17 @@ def _decoded(target: Target, out) -> tuple[list[str], list[list[int]]]:
 def bench(target: Target, prompts, *, draft: Draft,
           budgets: Sequence[int | str] = (4, 8, 16, 32, 64), max_new_tokens: int = 128,
           width: int = 7, tree: str = "accum_logp", chat: bool = True, attn_impl: str = "auto",
-          progress: bool = True) -> list[dict]:
+          progress: bool = True, ngram: int = 0) -> list[dict]:
     """Greedy speculative vs autoregressive decoding of the same batch, for each budget (a
     number of tree nodes or "auto"; each pair timed back to back) -> one row per budget, with
-    the rounds per tree size (`bucket_mix`)."""
+    the rounds per tree size (`bucket_mix`); ngram: as for `generate`."""
     for b in budgets:  # every budget checked before anything runs
-        decoding_options(budget=b, width=width, tree=tree, attn_impl=attn_impl)
+        decoding_options(budget=b, width=width, tree=tree, attn_impl=attn_impl, ngram=ngram,
+                         draft=draft)
     rows = []
     for b in tqdm(budgets, desc="bench", unit="budget", disable=not progress):
         r = generate(target, prompts, draft=draft, max_new_tokens=max_new_tokens, budget=b,
-                     width=width, tree=tree, chat=chat,
+                     width=width, tree=tree, chat=chat, ngram=ngram,
                      attn_impl=attn_impl, compare_autoregressive=True)
         rows.append(dict(budget=b, tau=r.tau_mean, tau_hist=r.tau_hist, tokens=r.num_generated,
                          seconds=r.seconds, tokens_per_s=r.tokens_per_s,

@@ -20,6 +20,7 @@ print one `error: ...` line to stderr and exit with status 2; --debug shows the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -232,8 +233,15 @@ def _load_flags(p, *, without_head: str) -> None:
                    help="target: our checkpoint directory, an HF directory, a .gguf file or an "
                    "embedded name (default: %(default)s, embedded)")
     p.add_argument("--draft", metavar="PATH",
-                   help="draft head: our checkpoint or a reference-format head directory "
-                   f"(default: checkpoints/<model name>-jetspec/ if it exists; {without_head})")
+                   help="draft head: our checkpoint or a reference-format head directory, or "
+                   f"'{options.NGRAM_DRAFT}': prompt lookup, no head (default: "
+                   f"checkpoints/<model name>-jetspec/ if it exists; {without_head})")
+    p.add_argument("--ngram", type=int, default=0, metavar="L",
+                   help="add to each round's tree a chain of up to L tokens that followed the "
+                   "latest earlier occurrence of the text's last 1-4 tokens in the prompt and "
+                   f"output, sharing the budget; with --draft {options.NGRAM_DRAFT}, its chain's "
+                   f"length (default: 0, none; {options.NGRAM_LEN} for --draft "
+                   f"{options.NGRAM_DRAFT})")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="dtype the weights are cast to on load (default: %(default)s)")
 
@@ -335,7 +343,9 @@ def _check_model_and_prompts(args, default_prompts: list[str], *, need_draft: bo
         if args.draft_path is None and need_draft:
             raise ValueError(f"bench needs a draft head: pass --draft PATH (no default head "
                              f"checkpoints/{name}-jetspec/ is installed)")
-    if args.draft_path is not None:
+    if args.ngram < 0:
+        raise ValueError(f"--ngram must be >= 0, got {args.ngram}")
+    if args.draft_path not in (None, options.NGRAM_DRAFT):
         sources.check_draft_source(args.draft_path)
     prompts = list(args.prompt or [])
     if args.prompt_file:
@@ -375,7 +385,9 @@ def _load(args):
 
     sharding.as_mesh(args.mesh)  # a bad --mesh before any reading
     draft = None
-    if args.draft_path is not None:
+    if args.draft_path == options.NGRAM_DRAFT:  # --ngram is its chain's length
+        draft, args.ngram = api.ngram_draft(args.ngram or options.NGRAM_LEN), 0
+    elif args.draft_path is not None:
         start = time.perf_counter()
         draft = read_draft(args.draft_path, dtype=api.resolve_dtype(args.dtype))
         print(f"note: draft head loaded in {time.perf_counter() - start:.1f} s", file=sys.stderr)
@@ -448,6 +460,7 @@ def run_serve(args) -> None:
                                  attn_impl=args.attn_impl)
     api.decoding_options(budget=args.budget, attn_impl=args.attn_impl)  # before loading
     target, draft = _load(args)
+    config = dataclasses.replace(config, ngram=args.ngram)
     name = args.served_model_name or target.name
     print(f"compiling the round programs for {args.max_batch} slots ...", file=sys.stderr)
     app.serve(engine.Engine(target, draft, config), name, args.host, args.port,
@@ -468,7 +481,7 @@ def run_generate(args) -> None:
                    width=args.width, tree=args.tree, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, chat=not args.no_chat, attn_impl=args.attn_impl,
-                   prefill_chunk=args.prefill_chunk)
+                   prefill_chunk=args.prefill_chunk, ngram=args.ngram)
     if args.stream:
         print_stream(lambda: api.stream(target, prompts, **options))
         return
@@ -512,9 +525,10 @@ def run_bench(args) -> None:
     target, draft = _load(args)
     rows = api.bench(target, prompts, draft=draft, budgets=args.budgets,
                      max_new_tokens=args.max_new_tokens, width=args.width, tree=args.tree,
-                     chat=not args.no_chat, attn_impl=args.attn_impl)
+                     chat=not args.no_chat, attn_impl=args.attn_impl, ngram=args.ngram)
     print(f"{target.name}, draft {draft.path}, {len(prompts)} prompts, "
-          f"{args.max_new_tokens} new tokens, tree {args.tree}, width {args.width}")
+          f"{args.max_new_tokens} new tokens, tree {args.tree}, width {args.width}"
+          + (f", n-gram chain {args.ngram}" if args.ngram else ""))
     print(f"{'budget':>6} {'tau':>6} {'tok/s':>9} {'AR tok/s':>9} {'speedup':>8} identical")
     for r in rows:
         same = "yes" if r["identical"] else "NO"

@@ -9,6 +9,8 @@ DTYPE_NAMES = ("bfloat16", "float32")
 TREE_METHODS = ("accum_logp", "top2gap", "chain")
 MAX_BUDGET = 1024  # tree nodes verified per round at most
 PREFILL_CHUNK = 256  # prompt tokens per prefill pass
+NGRAM_DRAFT = "ngram"  # --draft: prompt-lookup drafting (draft/ngram.py), no head
+NGRAM_LEN = 8  # its chain's length unless --ngram says otherwise
 GPU_BUCKETS = (16, 32, 64, 128, 256)  # tree sizes budget="auto" picks from on a GPU
 CPU_BUCKETS = (4, 8, 16, 32)  # on a CPU, where verifying costs nearly linearly in nodes
 ATTENTION_KERNELS = ("reference", "portable", "hopper", "decode", "fused_decode")

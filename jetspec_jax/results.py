@@ -93,7 +93,8 @@ class GenerationResult:
             budget = (f"auto (buckets {', '.join(map(str, t.buckets))})" if t.buckets
                       else t.budget)
             lines.append(f"speculative: draft {self.draft}, budget {budget}, width {t.width}, "
-                         f"tree {t.method}, attention {self.attn_impl}")
+                         f"tree {t.method}" + (f", n-gram chain {t.ngram}" if t.ngram else "")
+                         + f", attention {self.attn_impl}")
             taus = ", ".join(f"{x:.2f}" for x in self.tau)
             lines.append(f"  tau {self.tau_mean:.2f} tokens per round"
                          + (f" (per prompt: {taus})" if len(self.tau) > 1 else "")

@@ -232,6 +232,34 @@ def test_cli_generate_stream(tiny, capsys):
     assert "(got 1 prompts, --compare)" in cli_error(capsys, *args, "--stream", "--compare")
 
 
+def test_ngram_chains_in_the_api_and_cli(tiny, capsys):
+    """--ngram L (ngram= in the API) adds context chains to the head's trees and --draft ngram
+    drafts with them alone: greedy output stays AR's, streamed or not."""
+    target = api.load_target(tiny.target)
+    draft = api.load_draft(tiny.head, target)
+    prompts = ("w1 w2 w3 w1 w2 w3 w1 w2", "w4 w5 w4 w5 w4")
+    ar = api.generate(target, prompts, max_new_tokens=10)
+    for d, ngram in ((draft, 3), (api.ngram_draft(4), 0)):
+        r = api.generate(target, prompts, draft=d, budget=8, max_new_tokens=10, ngram=ngram)
+        assert r.tokens == ar.tokens and r.tree_spec.ngram == ngram
+        streamed = [[] for _ in prompts]
+        for chunk in api.stream(target, prompts, draft=d, budget=8, max_new_tokens=10,
+                                ngram=ngram):
+            for b, ids in enumerate(chunk.tokens):
+                streamed[b] += ids
+        assert streamed == r.tokens
+    assert api.ngram_draft(4).best_budget == {"cpu": 5, "h200": 5}
+    for flags, says in ((["--draft", tiny.head, "--ngram", 3], "n-gram chain 3"),
+                        (["--draft", "ngram", "--ngram", 4], "draft ngram, budget 8")):
+        code, out, _ = run_cli(capsys, "generate", "--model", tiny.target, *PROMPT_FLAGS,
+                               "--max-new-tokens", 10, "--budget", 8, "--compare", *flags)
+        assert code == 0 and "greedy outputs identical: yes" in out and says in out
+    assert "--ngram must be >= 0, got -1" in cli_error(
+        capsys, "generate", "--model", tiny.target, "--ngram", -1)
+    with pytest.raises(ValueError, match="fixed budget"):
+        api.generate(target, prompts, draft=draft, budget="auto", ngram=3)
+
+
 # ---- bad inputs (docs/bad_inputs.md) ---------------------------------------------------------
 
 

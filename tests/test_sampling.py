@@ -58,13 +58,15 @@ def chi_square_p(observed, probs):
     return stats.chisquare(obs, exp).pvalue
 
 
-def check_speculative_sampling(sampler, tree_spec, key, num_slots=32, with_ar=False):
+def check_speculative_sampling(sampler, tree_spec, key, num_slots=32, with_ar=False,
+                               draft=None):
     """Speculative samples with tree_spec (and, with_ar, autoregressive ones) pass the
     chi-square test against the exact distribution, with drafts accepted along the way.
+    draft: (config, params) of the drafter; None: a random tiny head.
     num_slots: the cache, as small as the run allows (the prompt, NEW tokens and the working
     slots of 16-node trees fit 32): 4000 sequences make its size most of the run's time."""
     tcfg, tp = tiny_target("dense", seed=11, vocab=5, scale=2.0)
-    dcfg, dp = tiny_head(tcfg, block_size=5)
+    dcfg, dp = draft or tiny_head(tcfg, block_size=5)
     probs = exact_distribution(tcfg, tp, sampler)
     prompt = jnp.asarray([PROMPT] * NUM, jnp.int32)
     lens = jnp.full((NUM,), len(PROMPT), jnp.int32)

@@ -46,6 +46,16 @@ def spec_server(tiny_models):
 
 
 @pytest.fixture(scope="module")
+def chain_server(tiny_models):
+    """The head's trees with context n-gram chains: the prompts of the slots' requests differ
+    in length, the state keeps them padded to the cache."""
+    server = start(*tiny_models, TINY, max_batch=8, slot_buckets=(8,), max_len=MAX_LEN,
+                   budget=8, max_queue=32, ngram=3)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
 def ar_server(tiny_models):
     server = start(tiny_models[0], None, TINY, max_batch=8, slot_buckets=(8,), max_len=MAX_LEN,
                    max_queue=16)
@@ -95,10 +105,11 @@ def requests_16(rng):
     return prompts, limits
 
 
-@pytest.mark.parametrize("kind", ["speculative", "autoregressive"])
+@pytest.mark.parametrize("kind", ["speculative", "n-gram chains", "autoregressive"])
 def test_16_concurrent_greedy_requests_equal_their_solo_outputs_and_generate(
-        kind, tiny_models, spec_server, ar_server):
-    server = spec_server if kind == "speculative" else ar_server
+        kind, tiny_models, request):
+    server = request.getfixturevalue({"speculative": "spec_server", "n-gram chains": "chain_server",
+                                      "autoregressive": "ar_server"}[kind])
     prompts, limits = requests_16(np.random.default_rng(0))
     solo = [complete(server, p, m)[0] for p, m in zip(prompts, limits)]
     with futures.ThreadPoolExecutor(len(prompts)) as pool:

@@ -24,7 +24,7 @@ from jetspec_jax.decode.autoregressive import (
 from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import RowSampler, Sampler, choose_tokens, split_key
 from jetspec_jax.decode.verify import accept, commit, verify_tree
-from jetspec_jax.draft import drafter as drafters
+from jetspec_jax.draft import drafter as drafters, ngram
 from jetspec_jax.draft.drafter import HeadConfig
 from jetspec_jax.model.cache import KVCache
 from jetspec_jax.model.config import ModelConfig
@@ -57,6 +57,8 @@ class SpecState:
     out: Output
     stats: SpecStats
     key: jax.Array
+    prompt: jax.Array  # [B, S] the prompts, zero-padded to the cache's slots, and
+    prompt_lens: jax.Array  # [B] their lengths: with `out`, the committed text (draft/ngram.py)
 
 
 def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, state: SpecState,
@@ -67,6 +69,8 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, sta
     drafter = drafters.of(dcfg)
     tree, dcache = drafter.draft(dparams, dcfg, tparams, tcfg, state, active,
                                  tree_spec=tree_spec, kernels=kernels)
+    if tree_spec.ngram:  # the context chain (draft/ngram.py)
+        tree = ngram.context_chain(tree, state, tree_spec.ngram, dcfg.depth)
 
     def verify_round(tree):
         logits, cache, taps = verify_tree(tparams, tcfg, state.cache, tree,
@@ -83,9 +87,10 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, sta
                           accepted=put(state.stats.accepted, at, jnp.where(active, acc.count, 0)),
                           nodes=put(state.stats.nodes, at,
                                     jnp.where(active, tree.tokens.shape[1], 0)))
-        pending = jnp.take_along_axis(taps, acc.path[:, :, None], axis=1)
-        return SpecState(cache=cache, draft_cache=dcache, anchor=acc.bonus, pending_taps=pending,
-                         pending_count=acc.count, out=out, stats=stats, key=key)
+        pending = taps if taps is None else jnp.take_along_axis(taps, acc.path[:, :, None], 1)
+        return state.replace(cache=cache, draft_cache=dcache, anchor=acc.bonus,
+                             pending_taps=pending, pending_count=acc.count, out=out, stats=stats,
+                             key=key)
 
     if tree_spec.buckets:
         return adaptive.switch_budget(tree, active, tree_spec.buckets, tree_spec.bucket_costs,
@@ -108,7 +113,8 @@ def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, prompt, pr
         cache=ar.cache, draft_cache=dcache, anchor=ar.last, pending_taps=pending_taps,
         pending_count=pending_count, out=ar.out,
         stats=SpecStats(rounds=jnp.zeros((b,), jnp.int32), accepted=zeros, nodes=zeros),
-        key=ar.key))
+        key=ar.key, prompt=jnp.pad(prompt, ((0, 0), (0, loop.num_slots - prompt.shape[1]))),
+        prompt_lens=prompt_lens))
 
 
 def spec_start(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,

@@ -12,6 +12,9 @@ from jetspec_jax.options import MAX_BUDGET, TREE_METHODS as METHODS
 class TreeSpec:
     """How each round's tree is drafted: `budget` nodes (root included), fan-out `width`.
 
+    ngram: a chain of up to this many tokens from the context (prompt lookup, `draft/ngram.py`)
+    added to the drafted tree, sharing its budget (0: none).
+
     buckets / bucket_costs: adaptive budget (`decode/adaptive.py`): each round picks one of
     these tree sizes, costs in seconds per round; budget must then be the largest bucket
     (`jetspec_jax.costs.auto_tree_spec` builds it)."""
@@ -21,10 +24,14 @@ class TreeSpec:
     method: str = "accum_logp"
     buckets: tuple[int, ...] = ()
     bucket_costs: tuple[float, ...] = ()
+    ngram: int = 0
 
     def __post_init__(self):
-        if problems := self.problems(self.budget, self.width, self.method):
+        if problems := self.problems(self.budget, self.width, self.method, self.ngram):
             raise ValueError("; ".join(problems))
+        if self.ngram and self.buckets:
+            raise ValueError("n-gram chains take a fixed budget: the adaptive budget's "
+                             "estimate knows the drafted nodes only")
         if self.buckets or self.bucket_costs:
             b, c = self.buckets, self.bucket_costs
             if len(b) != len(c) or list(b) != sorted(set(b)) or b[0] < 1 or b[-1] != self.budget:
@@ -34,7 +41,8 @@ class TreeSpec:
                 raise ValueError(f"bucket costs must be > 0 seconds, got {c}")
 
     @staticmethod
-    def problems(budget: int | None, width: int = 1, method: str = "accum_logp") -> list[str]:
+    def problems(budget: int | None, width: int = 1, method: str = "accum_logp",
+                 ngram: int = 0) -> list[str]:
         """Every way these settings are out of range, one message each (empty: all fine);
         budget None: not checked."""
         problems = []
@@ -44,6 +52,8 @@ class TreeSpec:
             problems.append(f"tree width must be >= 1, got {width}")
         if method not in METHODS:
             problems.append(f"unknown tree method {method!r}; choose from {METHODS}")
+        if ngram < 0:
+            problems.append(f"n-gram chain length must be >= 0, got {ngram}")
         return problems
 
     @property

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jetspec_jax.draft.head import DraftConfig, draft_specs
+from jetspec_jax.draft.ngram import NgramConfig
 from jetspec_jax.draft.tree_spec import TreeSpec
 from jetspec_jax.io import cache, convert
 from jetspec_jax.io.checkpoints import CheckpointError, load_target_checkpoint, save_target
@@ -23,7 +24,7 @@ from jetspec_jax.io.tokenizer import Tokenizer
 from jetspec_jax.model import layout, sharding
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.params import target_specs
-from jetspec_jax.options import DEFAULT_MODEL, DTYPE_NAMES, MAX_BUDGET
+from jetspec_jax.options import DEFAULT_MODEL, DTYPE_NAMES, MAX_BUDGET, NGRAM_DRAFT, NGRAM_LEN
 
 DTYPES = {name: getattr(jnp, name) for name in DTYPE_NAMES}
 
@@ -145,12 +146,20 @@ def _reading(source):
 def read_draft(path: str | Path, *, dtype=None) -> Draft:
     """A draft head (our format or the reference's HF-style format) on its own, not yet checked
     against a target: small, so the CLI reads it before the target and a broken one fails fast.
-    dtype: None keeps the stored one."""
+    dtype: None keeps the stored one. "ngram": `ngram_draft()`."""
     from jetspec_jax.io import heads as head_io  # imported on use: the speculative path only
 
+    if str(path) == NGRAM_DRAFT:
+        return ngram_draft()
     with _reading(path):
         dcfg, params = head_io.read_any_draft(path, dtype=dtype)
     return Draft(dcfg, params, str(path), measured_best_budget(path))
+
+
+def ngram_draft(max_len: int = NGRAM_LEN) -> Draft:
+    """Prompt-lookup drafting (`draft/ngram.py`): no head, no weights. Its tree is the root
+    and a chain of up to max_len tokens, so that is its default budget."""
+    return Draft(NgramConfig(max_len), {}, NGRAM_DRAFT, {"cpu": max_len + 1, "h200": max_len + 1})
 
 
 def measured_best_budget(path: str | Path) -> dict[str, int]:
@@ -171,7 +180,7 @@ def fit_draft(draft: Draft, target: Target, *, mesh=None) -> Draft:
     """draft checked against target and sharded like it over mesh (default: the target's)."""
     check_fits(draft, target)
     mesh = target.mesh if mesh is None else sharding.as_mesh(mesh)
-    if mesh is None:
+    if mesh is None or not draft.params:
         return draft
     params = sharding.shard_params(draft.params, draft_specs(draft.dcfg), mesh)
     return dataclasses.replace(draft, params=params)
@@ -184,8 +193,8 @@ def load_draft(path: str | Path, target: Target, *, mesh=None) -> Draft:
 
 
 def check_fits(draft: Draft, target: Target) -> None:
-    """The head config's check (`DraftConfig.check_target`), its error naming which head and
-    which target."""
+    """The head config's check (`check_target`), its error naming which head and which
+    target."""
     try:
         draft.dcfg.check_target(target.cfg)
     except ValueError as e:

@@ -52,6 +52,7 @@ class EngineConfig:
     max_queue: int = 64  # requests waiting for a slot, at most
     attn_impl: str = "auto"  # the attention kernel's name (`jetspec_jax.model.kernels`)
     slot_buckets: tuple[int, ...] | None = None  # active-slot counts compiled for; None: auto
+    ngram: int = 0  # context n-gram chain per tree, tokens at most (`TreeSpec.ngram`)
 
     def __post_init__(self):
         for name in ("max_batch", "max_len", "max_queue"):
@@ -166,7 +167,7 @@ class Engine:
         self.metrics.set("slots_total", config.max_batch)
         self.max_len = min(config.max_len, target.cfg.max_position_embeddings)
         opts = api.decoding_options(budget=config.budget, attn_impl=config.attn_impl,
-                                    draft=draft)
+                                    ngram=config.ngram, draft=draft)
         kernels = api.resolve_kernels(target, opts.attn_impl, opts.matmul_impl, target.mesh)
         self.buckets = config.slot_buckets or slot_buckets(config.max_batch)
         # 4 per call: the host's per-call work costs about as much as a round of a small
