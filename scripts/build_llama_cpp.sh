@@ -47,11 +47,13 @@ if [ "$kind" = pack ]; then
   python3 -m pip download -q --no-deps --only-binary :all: cmake -d "$dir"
   # Only what configuring and building the tools reads: the backends other than CPU and
   # CUDA, the docs, the vocab GGUFs under models/ and the web UI are left out.
-  tar cJf "$out" -C "$(dirname "$root")" \
-    --exclude='*/docs' --exclude='*/models' --exclude='*/media' --exclude='*/tools/ui' \
-    --exclude='*/examples/llama.android' --exclude='*/examples/llama.swiftui' \
-    --exclude='*/ggml/src/ggml-'{sycl,vulkan,opencl,metal,hexagon,cann,musa,webgpu,zdnn,et,openvino,virtgpu,zendnn} \
-    "$(basename "$root")"
+  base=$(basename "$root")
+  # Anchored at the top: src/models (the model graphs) must stay.
+  tar cJf "$out" -C "$(dirname "$root")" --anchored \
+    --exclude="$base/"{docs,models,media,tools/ui,examples/llama.android,examples/llama.swiftui} \
+    --exclude="$base/ggml/src/ggml-"{sycl,vulkan,opencl,metal,hexagon,cann,musa,webgpu} \
+    --exclude="$base/ggml/src/ggml-"{zdnn,et,openvino,virtgpu,zendnn} \
+    "$base"
   du -b "$dir"/*
   exit 0
 fi
@@ -82,7 +84,8 @@ fi
 mkdir -p "$(dirname "$out")"
 start=$(date +%s)
 cmake -S "$root" -B "$out" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF "${flags[@]}" > "$out.cmake.log" \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF "${flags[@]}" \
+  > "$out.cmake.log" \
   || { tail -30 "$out.cmake.log" >&2; exit 1; }
 cmake --build "$out" -j "${JOBS:-$(nproc)}" --target "${TOOLS[@]}" > "$out.build.log" 2>&1 \
   || { tail -40 "$out.build.log" >&2; exit 1; }

@@ -55,6 +55,8 @@ def torch_peer(args, bundle: str, device: str) -> dict:
         out = Path(tmp) / "torch.json"
         cmd = [args.torch_python, "-m", "bench.peers.torch_decode", "--bundle", bundle,
                "--device", device, "--json", str(out)]
+        if args.threads:  # the CPU threads llama.cpp gets, the same for torch
+            cmd += ["--threads", str(args.threads)]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if not out.exists():
             return dict(engine="torch_decode", mode="autoregressive", ar=True,

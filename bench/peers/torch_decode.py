@@ -39,7 +39,8 @@ class Decoder:
         self.L, self.N, self.K = meta["num_layers"], meta["num_heads"], meta["num_kv_heads"]
         self.H, self.eps, self.S = meta["head_dim"], meta["rms_norm_eps"], num_slots
         self.device, self.dtype = torch.device(device), dtype
-        t = lambda a, dt=dtype: torch.from_numpy(np.ascontiguousarray(a)).to(device, dt)  # noqa: E731
+        def t(a, dt=dtype):
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device, dt)
         w = [{k.split(".", 2)[2]: v for k, v in weights.items()
               if k.startswith(f"layers.{i}.")} for i in range(self.L)]
         D = weights["embed"].shape[1]
