@@ -1,14 +1,14 @@
 """Every peer and ours in one run, on the same model (SmolLM2-135M-Instruct from the same
 GGUF), prompts (the first --per-set of HumanEval, MATH500 and MT-Bench, chat-templated), batch
 1, greedy, --max-new tokens an answer: ours autoregressive and speculative (the shipped head,
-each of --budgets, the fastest kept as "best"), the hand-written PyTorch decode
+each of --budgets, the fastest marked "best"), the hand-written PyTorch decode
 (`torch_decode`, CUDA graph on a GPU) and llama.cpp's tools (`llama_cpp`, with --llama-bin).
 Writes one result file (command, versions, device, date) and prints the table: tokens/s,
 ms/token (the whole answer's time, prompt included, over its tokens) and the speedup over the
 fastest peer's autoregressive decoding.
 
     python -m bench.peers.run_all --llama-bin build/llama-cpp-cuda/bin --gpu-layers 99  # GPU
-    python -m bench.peers.run_all --per-set 1 --budgets 4 16 \\
+    python -m bench.peers.run_all --per-set 1 --threads 1 \\
         --torch-python /py311-with-torch/bin/python --llama-bin build/llama-cpp-cpu/bin  # CPU
 
 Every engine answers exactly --max-new tokens where it can (ours and the PyTorch decode ignore
@@ -40,7 +40,7 @@ def ours(args, target, ids) -> tuple[list[dict], list[list[int]]]:
     rows = [dict(engine="jetspec_jax", mode="autoregressive", ar=True, tokens=_n(ar["tokens"]),
                  seconds=ar["seconds"], compile_s=ar["compile_s"])]
     draft = api.load_draft(api.default_draft_path(target.name), target)
-    for b in args.budgets:
+    for b in args.budgets or [api.default_budget(draft)]:
         sp = generate(target, ids, args.max_new, draft=draft, budget=b)
         rows.append(dict(engine="jetspec_jax", mode=f"speculative (budget {b})", ar=False,
                          budget=b, tokens=_n(sp["tokens"]), seconds=sp["seconds"],
@@ -127,7 +127,7 @@ def main() -> None:
     ap.add_argument("--per-set", type=int, default=2, help="prompts per benchmark set")
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--budgets", type=int, nargs="+", help="speculative tree budgets "
-                    "(default: 16 64 on a GPU, 4 16 on a CPU)")
+                    "(default: the one the head measured fastest on this kind of machine)")
     ap.add_argument("--torch-python", default=sys.executable,
                     help="a Python with torch for the PyTorch decode ('' skips it)")
     ap.add_argument("--llama-bin", dest="bin", help="llama.cpp's tools (skipped without)")
@@ -144,7 +144,6 @@ def main() -> None:
 
     gpu = jax.default_backend() == "gpu"
     dtype = args.dtype or ("bfloat16" if gpu else "float32")
-    args.budgets = args.budgets or ([16, 64] if gpu else [4, 16])
     args.gguf = args.gguf or gguf_path()
     command, date = command_line(), datetime.date.today().isoformat()
     fp32, target = load_targets(dtype)
