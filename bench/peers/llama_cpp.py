@@ -123,7 +123,8 @@ def add_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--gguf", help="default: the embedded SmolLM2 GGUF, as ours reads")
     ap.add_argument("--ctx", type=int, default=2048, help="-c: context slots")
     ap.add_argument("--gpu-layers", type=int, default=0, help="-ngl: 99 on a GPU")
-X
+    ap.add_argument("--threads", type=int, help="CPU threads: llama.cpp's -t (run_all: the "
+                    "PyTorch decode's too; default: each engine's own choice)")
     ap.add_argument("--draft-max", type=int, default=8, help="drafted tokens a round")
     ap.add_argument("--draft-gguf", help="a smaller GGUF with the same vocabulary (spec-draft)")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
