@@ -38,13 +38,16 @@ def _args(mode: str, args, prompt: str) -> list[str]:
               "-ngl", str(args.gpu_layers), "-c", str(args.ctx)]
     if args.threads:
         common += ["-t", str(args.threads)]
+    if args.no_repack:
+        common += ["--no-repack"]
     if mode == "completion":
         return [str(b / "llama-completion"), *common, "-p", prompt, "-no-cnv",
                 "--ignore-eos", "--no-display-prompt"]
     if mode == "lookup":
-        return [str(b / "llama-lookup"), *common, "-p", prompt, "--draft-max", str(args.draft_max)]
+        return [str(b / "llama-lookup"), *common, "-p", prompt,
+                "--spec-draft-n-max", str(args.draft_max)]
     spec = [str(b / "llama-speculative-simple"), *common, "-p", prompt,
-            "--draft-max", str(args.draft_max)]
+            "--spec-draft-n-max", str(args.draft_max)]
     if mode == "spec-ngram":
         return spec + ["--spec-type", "ngram-simple"]
     return spec + ["-md", str(args.draft_gguf), "-ngld", str(args.gpu_layers)]
@@ -127,6 +130,8 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                     "PyTorch decode's too; default: each engine's own choice)")
     ap.add_argument("--draft-max", type=int, default=8, help="drafted tokens a round")
     ap.add_argument("--draft-gguf", help="a smaller GGUF with the same vocabulary (spec-draft)")
+    ap.add_argument("--no-repack", action="store_true", help="llama.cpp's --no-repack: some "
+                    "CPU builds crash in the repacked Q4_1 matmul on multi-token batches")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     ap.add_argument("--timeout", type=int, default=300, help="seconds per tool call")
 
