@@ -29,7 +29,6 @@ from jetspec_jax.decode import streaming
 from jetspec_jax.decode.autoregressive import PREFILL_CHUNK, ar_generate, check_capacity
 from jetspec_jax.decode.loop import Loop
 from jetspec_jax.draft.head import draft_specs
-from jetspec_jax.draft.ngram import NgramConfig
 from jetspec_jax.model import kernels as kernels_lib, layout, sharding
 from jetspec_jax.io.load import (  # noqa: F401  (re-exported: the API's loading half)
     CHECKPOINT_DIRS, DEFAULT_MODEL, DTYPES, Draft, Target, check_fits, default_draft_path,
@@ -104,7 +103,7 @@ def decoding_options(*, budget=None, width=7, tree="accum_logp", temperature=0.0
     auto = isinstance(budget, str) and budget == "auto"
     if isinstance(budget, str) and not auto:
         raise ValueError(f"budget must be a number of tree nodes or 'auto', got {budget!r}")
-    if auto and (ngram or draft is not None and isinstance(draft.dcfg, NgramConfig)):
+    if auto and (ngram or draft is not None and getattr(draft.dcfg, "chain_only", False)):
         raise ValueError("n-gram chains take a fixed budget, not 'auto'")
     if budget is None:
         budget = default_budget(draft)

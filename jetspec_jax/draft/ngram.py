@@ -137,6 +137,7 @@ class NgramConfig:
             raise ValueError(f"n-gram chain length must be >= 1, got {self.max_len}")
 
     tap_layers = ()  # it reads no hidden states
+    chain_only = True  # its tree is one chain: the adaptive budget's estimate does not apply
 
     @property
     def block_size(self) -> int:
