@@ -116,12 +116,6 @@ def distill_loss(head, teacher, valid, gamma: float | None = None):
     return _reduce(*slot_kl(head, teacher), valid, depth_weights(head.shape[2], gamma))
 
 
-def topk_distill_loss(head, top_logp, top_ids, valid, gamma: float | None = None):
-    """As `distill_loss` with a cached top-K teacher: top_logp, top_ids [B, A, J, K]."""
-    return _reduce(*slot_topk_kl(head, top_logp, top_ids), valid,
-                   depth_weights(head.shape[2], gamma))
-
-
 def map_anchor_chunks(fn, chunk: int | None, *xs):
     """fn over anchors in chunks: xs are [B, A, ...] arrays, fn(*pieces [B, C, ...]) returns
     [B, C, ...] arrays. With A > chunk the chunks run one after another (lax.map) under
