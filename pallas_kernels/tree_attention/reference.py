@@ -46,9 +46,14 @@ def masked_attention(q, k, v, visible):
     k_heads = k.shape[1]
     g = n // k_heads
     qg = q.reshape(b, t, k_heads, g, h)  # [B, T, K, G, H]
-    logits = jnp.einsum(
-        "BTKGH,BKSH->BKGTS", _cpu_safe(qg), _cpu_safe(k), preferred_element_type=jnp.float32
-    ) * (h**-0.5)
+    if t == 1:  # k first: q first, XLA:CPU copies the whole KV cache at every decode step
+        #          (8% of a SmolLM2 float32 step); a tree's T > 1 queries run faster q first
+        logits = jnp.einsum("BKSH,BTKGH->BKGTS", _cpu_safe(k), _cpu_safe(qg),
+                            preferred_element_type=jnp.float32)
+    else:
+        logits = jnp.einsum("BTKGH,BKSH->BKGTS", _cpu_safe(qg), _cpu_safe(k),
+                            preferred_element_type=jnp.float32)
+    logits = logits * (h**-0.5)
     logits = jnp.where(visible[:, None, None], logits, -jnp.inf)  # [B, K, G, T, S]
     probs = jax.nn.softmax(logits, axis=-1)
     out = jnp.einsum("BKGTS,BKSH->BTKGH", _cpu_safe(probs.astype(v.dtype)), _cpu_safe(v),
