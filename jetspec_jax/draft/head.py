@@ -26,7 +26,7 @@ from jetspec_jax.model import target
 from jetspec_jax.model.cache import KVCache, write_slots
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.kernels import Kernels
-from jetspec_jax.model.layers import rms_norm, rope
+from jetspec_jax.model.layers import project, rms_norm, rope
 from jetspec_jax.model.params import ParamSpec, layer_specs
 from pallas_kernels.tree_attention import cache_attention
 from pallas_kernels.tree_attention.reference import masked_attention
@@ -141,8 +141,8 @@ def allocate_cache(dcfg: DraftConfig, batch: int, num_slots: int, dtype) -> KVCa
 
 def key_value(p, cfg: ModelConfig, x, positions):
     """A draft layer's K (k_norm, RoPE) and V for inputs x [B, T, D] at positions [B, T]."""
-    k = rms_norm(jnp.einsum("BTD,DKH->BTKH", x, p["k"]), p["k_norm"], cfg.rms_norm_eps)
-    v = jnp.einsum("BTD,DKH->BTKH", x, p["v"])
+    k = rms_norm(project("BTD,DKH->BTKH", x, p["k"]), p["k_norm"], cfg.rms_norm_eps)
+    v = project("BTD,DKH->BTKH", x, p["v"])
     return rope(k, positions, cfg.rope_theta), v
 
 
@@ -153,11 +153,11 @@ def draft_layer(p, cfg: ModelConfig, x, positions, attend):
     q [B, T, N, H] and k, v [B, T, K, H] and decides what else they see (the cache, the dense
     training context, a branch's ancestors)."""
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-    q = rms_norm(jnp.einsum("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
+    q = rms_norm(project("BTD,DNH->BTNH", h, p["q"]), p["q_norm"], cfg.rms_norm_eps)
     q = rope(q, positions, cfg.rope_theta)
     k, v = key_value(p, cfg, h, positions)
     out, aux = attend(q, k, v)
-    x = x + jnp.einsum("BTNH,NHD->BTD", out, p["o"])
+    x = x + project("BTNH,NHD->BTD", out, p["o"])
     return x + target.mlp_block(p, cfg, rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)), aux
 
 
@@ -171,7 +171,7 @@ def dense_attention(q, k, v, visible):
 def extend_context(dparams, dcfg: DraftConfig, cache: KVCache, taps, num_new) -> KVCache:
     """Adds the first num_new[b] rows of taps [B, T, k*D] to every draft layer's context K/V."""
     cfg = dcfg.layers
-    ctx = rms_norm(jnp.einsum("BTF,FD->BTD", taps.astype(dparams["fc"].dtype), dparams["fc"]),
+    ctx = rms_norm(project("BTF,FD->BTD", taps.astype(dparams["fc"].dtype), dparams["fc"]),
                    dparams["hidden_norm"], cfg.rms_norm_eps)
     positions = cache.lengths[:, None] + jnp.arange(taps.shape[1], dtype=jnp.int32)
     new_k, new_v = [], []
