@@ -1,14 +1,16 @@
-"""Context n-gram chains at batch 1: tau and speedup over autoregressive decoding of the
-shipped head with and without chains in its tree, and of the n-gram drafter alone (prompt
-lookup, no head), on a few prompts of each benchmark set.
+"""Tree shapes and context n-gram chains at batch 1: tau and speedup over autoregressive
+decoding of the shipped head with trees of several budgets and widths, with and without
+chains in them, and of the n-gram drafter alone (prompt lookup, no head), on a few prompts of
+each benchmark set.
 
   python -m bench.bench_ngram --dtype float32 --prompts 4 --max-new-tokens 128 \
       --configs head:4 head:4:3 head:16 head:16:8 ngram:4 --out bench/results/ngram/cpu.json
 
-A config is head:BUDGET[:L] (the head's tree of BUDGET nodes, with a chain of up to L tokens)
-or ngram:L (the n-gram drafter, chains of L tokens, trees of L + 1 nodes). Each prompt is
-decoded autoregressively once, then with every config, back to back in one process; speedup
-= the prompts' autoregressive seconds over the config's seconds (compilation excluded).
+A config is head:BUDGET[:L][:wWIDTH] (the head's tree of BUDGET nodes, WIDTH children a node
+at most (default 7), with a chain of up to L tokens) or ngram:L (the n-gram drafter, chains
+of L tokens, trees of L + 1 nodes). Each prompt is decoded autoregressively once, then with
+every config, back to back in one process; speedup = the prompts' autoregressive seconds over
+the config's seconds (compilation excluded).
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ from jetspec_jax import api
 
 
 def parse_config(text: str) -> dict:
-    kind, *nums = text.split(":")
-    if kind == "head" and len(nums) in (1, 2):
-        return dict(name=text, kind=kind, budget=int(nums[0]),
+    kind, *fields = text.split(":")
+    is_width = [f.startswith("w") and f[1:].isdigit() for f in fields]
+    width = [int(f[1:]) for f, w in zip(fields, is_width) if w]
+    nums = [f for f, w in zip(fields, is_width) if not w]
+    if kind == "head" and len(nums) in (1, 2) and len(width) <= 1 and all(map(str.isdigit, nums)):
+        return dict(name=text, kind=kind, budget=int(nums[0]), width=width[0] if width else 7,
                     ngram=int(nums[1]) if len(nums) == 2 else 0)
-    if kind == "ngram" and len(nums) == 1:
-        return dict(name=text, kind=kind, budget=int(nums[0]) + 1, ngram=int(nums[0]))
-    raise argparse.ArgumentTypeError(f"config must be head:BUDGET[:L] or ngram:L, got {text!r}")
+    if kind == "ngram" and len(nums) == 1 and not width and nums[0].isdigit():
+        return dict(name=text, kind=kind, budget=int(nums[0]) + 1, width=1, ngram=int(nums[0]))
+    raise argparse.ArgumentTypeError(
+        f"config must be head:BUDGET[:L][:wWIDTH] or ngram:L, got {text!r}")
 
 
 def run_set(target, head, prompts, configs, max_new):
@@ -44,7 +50,8 @@ def run_set(target, head, prompts, configs, max_new):
         sums["ar"]["tokens"] += ar.num_generated
         for c in configs:
             draft = head if c["kind"] == "head" else api.ngram_draft(c["ngram"])
-            r = api.generate(target, [p], draft=draft, budget=c["budget"], max_new_tokens=max_new,
+            r = api.generate(target, [p], draft=draft, budget=c["budget"], width=c["width"],
+                             max_new_tokens=max_new,
                              ngram=c["ngram"] if c["kind"] == "head" else 0)
             s = sums[c["name"]]
             s["seconds"] += r.seconds

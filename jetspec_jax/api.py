@@ -74,15 +74,20 @@ def auto_buckets() -> tuple[int, ...]:
     return GPU_BUCKETS if jax.default_backend() == "gpu" else CPU_BUCKETS
 
 
-def default_budget(draft: Draft | None = None) -> int:
-    """Tree nodes per round: the budget measured fastest with this head on this kind of machine
-    (`Draft.best_budget`, from its model card's evaluation: "h200" stands for any GPU), else
-    64 on a GPU, which verifies 64 nodes for little more than the cost of 16
-    (docs/benchmarks.md, "Speculative rounds"), and 4 on a CPU, where
-    verifying costs nearly linearly in nodes."""
+def default_tree(draft: Draft | None = None) -> dict[str, int]:
+    """The tree this head was measured fastest with at batch 1 on this kind of machine
+    (`Draft.best_tree`, from its model card's evaluation: "h200" stands for any GPU), filled
+    in with the machine's defaults: budget 64 on a GPU, which verifies 64 nodes for little more
+    than the cost of 16 (docs/benchmarks.md, "Speculative rounds"), and 4 on a CPU, where a
+    verified node costs nearly an AR step's share; width 7; no n-gram chain."""
     gpu = jax.default_backend() == "gpu"
-    measured = (draft.best_budget if draft is not None else {}).get("h200" if gpu else "cpu")
-    return measured or (64 if gpu else 4)
+    measured = (draft.best_tree if draft is not None else {}).get("h200" if gpu else "cpu", {})
+    return {"budget": 64 if gpu else 4, "width": 7, "ngram": 0} | measured
+
+
+def default_budget(draft: Draft | None = None) -> int:
+    """Tree nodes per round by default (`default_tree`)."""
+    return default_tree(draft)["budget"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,19 +99,22 @@ class Options:
     auto: bool = False  # budget="auto"
 
 
-def decoding_options(*, budget=None, width=7, tree="accum_logp", temperature=0.0, top_k=0,
-                     top_p=1.0, attn_impl="auto", matmul_impl="auto", ngram: int = 0,
+def decoding_options(*, budget=None, width=None, tree="accum_logp", temperature=0.0, top_k=0,
+                     top_p=1.0, attn_impl="auto", matmul_impl="auto", ngram: int | None = None,
                      draft: Draft | None = None) -> Options:
     """Validates the decoding flags (cheap: the CLI calls it before loading a model).
-    budget None: `default_budget(draft)`; ngram: context chains of up to this many tokens in
-    each tree (`TreeSpec.ngram`)."""
+    ngram: context chains of up to this many tokens in each tree (`TreeSpec.ngram`); budget,
+    width, ngram None: `default_tree(draft)`'s (an explicit budget="auto" takes no chain)."""
     auto = isinstance(budget, str) and budget == "auto"
+    defaults = default_tree(draft)
+    width = defaults["width"] if width is None else width
+    ngram = (0 if auto else defaults["ngram"]) if ngram is None else ngram
     if isinstance(budget, str) and not auto:
         raise ValueError(f"budget must be a number of tree nodes or 'auto', got {budget!r}")
     if auto and (ngram or draft is not None and getattr(draft.dcfg, "chain_only", False)):
         raise ValueError("n-gram chains take a fixed budget, not 'auto'")
     if budget is None:
-        budget = default_budget(draft)
+        budget = defaults["budget"]
     spec = TreeSpec(max(auto_buckets()) if auto else budget, width, tree, ngram=ngram)
     kernels_lib.choose(attn_impl, matmul_impl)  # names and the machine checked up front
     return Options(Sampler(temperature, top_k, top_p), spec, attn_impl, matmul_impl, auto)
@@ -267,11 +275,12 @@ class _Run:
 
 
 def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: int = 128,
-             budget: int | str | None = None, width: int = 7, tree: str = "accum_logp",
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             chat: bool = True, stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
+             budget: int | str | None = None, width: int | None = None,
+             tree: str = "accum_logp", temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, chat: bool = True,
+             stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
              matmul_impl: str = "auto", mesh=None, prefill_chunk: int = PREFILL_CHUNK,
-             ngram: int = 0) -> _Run:
+             ngram: int | None = None) -> _Run:
     """`generate`'s options checked, the prompts encoded and batched, and the weights and
     batch placed on the mesh."""
     opts = decoding_options(budget=budget, width=width, tree=tree, temperature=temperature,
@@ -309,26 +318,28 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
 
 def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]], *,
              draft: Draft | None = None, max_new_tokens: int = 128,
-             budget: int | str | None = None, width: int = 7, tree: str = "accum_logp",
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             chat: bool = True, stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
+             budget: int | str | None = None, width: int | None = None,
+             tree: str = "accum_logp", temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, chat: bool = True,
+             stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
              matmul_impl: str = "auto", compare_autoregressive: bool = False, mesh=None,
-             prefill_chunk: int = PREFILL_CHUNK, ngram: int = 0) -> GenerationResult:
+             prefill_chunk: int = PREFILL_CHUNK, ngram: int | None = None) -> GenerationResult:
     """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
 
     budget: tree nodes per round (None: `default_budget(draft)`), or "auto": each round picks its
-    tree size from `auto_buckets()` by expected tokens per second (`adaptive_spec`);
-    chat: wrap text prompts in the chat template; stop_ids: None means the tokenizer's eos
-    ids; attn_impl, matmul_impl: kernel names (`jetspec_jax.model.kernels`; "auto": the
-    fastest measured for the model on this machine); compare_autoregressive: also time
+    tree size from `auto_buckets()` by expected tokens per second (`adaptive_spec`); width:
+    draft candidates per tree node (None: `default_tree(draft)`'s); chat: wrap text prompts in
+    the chat template; stop_ids: None means the tokenizer's eos ids; attn_impl, matmul_impl:
+    kernel names (`jetspec_jax.model.kernels`; "auto": the fastest measured for the model on
+    this machine); compare_autoregressive: also time
     autoregressive decoding of the same batch (with a draft only); mesh: where to decode
     (None: the target's mesh, or one device), a spec such as "tp=2" or a `Mesh`;
     prefill_chunk: prompt tokens per prefill pass (smaller: less memory for long prompts in
     big batches; `decode.prefill` refuses a bad one while tracing, before
     anything compiles); ngram: add to each round's tree a chain of up to this many tokens
     that followed the latest earlier occurrence of the text's last 1-4 tokens in the prompt
-    and the output (0: none; `draft/ngram.py`). draft=`ngram_draft(L)` drafts such chains
-    alone, with no head."""
+    and the output (0: none; None: `default_tree(draft)`'s; `draft/ngram.py`).
+    draft=`ngram_draft(L)` drafts such chains alone, with no head."""
     run = _prepare(target, prompts, draft, max_new_tokens=max_new_tokens, budget=budget,
                    width=width, tree=tree, temperature=temperature,
                    top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop_ids=stop_ids,
@@ -396,8 +407,9 @@ def _decoded(target: Target, out) -> tuple[list[str], list[list[int]]]:
 
 def bench(target: Target, prompts, *, draft: Draft,
           budgets: Sequence[int | str] = (4, 8, 16, 32, 64), max_new_tokens: int = 128,
-          width: int = 7, tree: str = "accum_logp", chat: bool = True, attn_impl: str = "auto",
-          progress: bool = True, ngram: int = 0) -> list[dict]:
+          width: int | None = None, tree: str = "accum_logp", chat: bool = True,
+          attn_impl: str = "auto", progress: bool = True,
+          ngram: int | None = None) -> list[dict]:
     """Greedy speculative vs autoregressive decoding of the same batch, for each budget (a
     number of tree nodes or "auto"; each pair timed back to back) -> one row per budget, with
     the rounds per tree size (`bucket_mix`); ngram: as for `generate`."""

@@ -138,14 +138,15 @@ def _check_parent(path: Path, flag: str) -> None:
         raise PermissionError(f"{flag} {path}: the directory {parent} is not writable")
 
 
-def check_numbers(*, max_new_tokens: int = 1, budget: int | str | None = None, width: int = 1,
-                  **values) -> None:
+def check_numbers(*, max_new_tokens: int = 1, budget: int | str | None = None,
+                  width: int | None = None, **values) -> None:
     """Every decoding number in range, all problems in one line, in flag order (the tree's by
     `TreeSpec`)."""
     from jetspec_jax.draft.tree_spec import TreeSpec  # jax-free
 
     problems = (options.decoding_problems(max_new_tokens=max_new_tokens)
-                + TreeSpec.problems(budget if isinstance(budget, int) else None, width)
+                + TreeSpec.problems(budget if isinstance(budget, int) else None,
+                                    1 if width is None else width)
                 + options.decoding_problems(**values))
     if problems:
         raise ValueError("; ".join(problems))
@@ -236,12 +237,12 @@ def _load_flags(p, *, without_head: str) -> None:
                    help="draft head: our checkpoint or a reference-format head directory, or "
                    f"'{options.NGRAM_DRAFT}': prompt lookup, no head (default: "
                    f"checkpoints/<model name>-jetspec/ if it exists; {without_head})")
-    p.add_argument("--ngram", type=int, default=0, metavar="L",
+    p.add_argument("--ngram", type=int, default=None, metavar="L",
                    help="add to each round's tree a chain of up to L tokens that followed the "
                    "latest earlier occurrence of the text's last 1-4 tokens in the prompt and "
                    f"output, sharing the budget; with --draft {options.NGRAM_DRAFT}, its chain's "
-                   f"length (default: 0, none; {options.NGRAM_LEN} for --draft "
-                   f"{options.NGRAM_DRAFT})")
+                   f"length (default: the head's measured fastest on this kind of machine, "
+                   f"else none; {options.NGRAM_LEN} for --draft {options.NGRAM_DRAFT})")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="dtype the weights are cast to on load (default: %(default)s)")
 
@@ -256,9 +257,9 @@ def _model_flags(p, *, without_head: str) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                    help="tokens generated per prompt at most, fewer if a stop token comes "
                    "(default: %(default)s)")
-    p.add_argument("--width", type=int, default=7, metavar="K",
+    p.add_argument("--width", type=int, default=None, metavar="K",
                    help="draft candidates considered per tree node, the top-K of each depth "
-                   "(default: %(default)s)")
+                   "(default: the head's measured fastest on this kind of machine, else 7)")
     p.add_argument("--tree", choices=options.TREE_METHODS, default="accum_logp",
                    help="tree builder: accum_logp (best nodes by path log-probability), top2gap "
                    "(branch where the draft is unsure), chain (a single path) "
@@ -343,7 +344,7 @@ def _check_model_and_prompts(args, default_prompts: list[str], *, need_draft: bo
         if args.draft_path is None and need_draft:
             raise ValueError(f"bench needs a draft head: pass --draft PATH (no default head "
                              f"checkpoints/{name}-jetspec/ is installed)")
-    if args.ngram < 0:
+    if args.ngram is not None and args.ngram < 0:
         raise ValueError(f"--ngram must be >= 0, got {args.ngram}")
     if args.draft_path not in (None, options.NGRAM_DRAFT):
         sources.check_draft_source(args.draft_path)
@@ -523,6 +524,9 @@ def run_bench(args) -> None:
         api.decoding_options(budget=budget, width=args.width, tree=args.tree,
                              attn_impl=args.attn_impl)
     target, draft = _load(args)
+    tree = api.decoding_options(budget=args.budgets[0], width=args.width, ngram=args.ngram,
+                                draft=draft).tree_spec  # the defaults the head's card gives
+    args.width, args.ngram = tree.width, tree.ngram
     rows = api.bench(target, prompts, draft=draft, budgets=args.budgets,
                      max_new_tokens=args.max_new_tokens, width=args.width, tree=args.tree,
                      chat=not args.no_chat, attn_impl=args.attn_impl, ngram=args.ngram)

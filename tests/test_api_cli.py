@@ -248,7 +248,7 @@ def test_ngram_chains_in_the_api_and_cli(tiny, capsys):
             for b, ids in enumerate(chunk.tokens):
                 streamed[b] += ids
         assert streamed == r.tokens
-    assert api.ngram_draft(4).best_budget == {"cpu": 5, "h200": 5}
+    assert api.ngram_draft(4).best_tree == {"cpu": {"budget": 5}, "h200": {"budget": 5}}
     for flags, says in ((["--draft", tiny.head, "--ngram", 3], "n-gram chain 3"),
                         (["--draft", "ngram", "--ngram", 4], "draft ngram, budget 8")):
         code, out, _ = run_cli(capsys, "generate", "--model", tiny.target, *PROMPT_FLAGS,

@@ -159,34 +159,46 @@ def test_save_load_round_trip(tmp_path, mask_token_id, dtype):
     assert json.loads((tmp_path / "d" / "metadata.json").read_text())["note"] == "hi"
 
 
-def test_default_budget_is_the_heads_measured_best(tmp_path, monkeypatch):
-    """The budget the head's evaluation measured fastest per machine is the default budget;
-    a head without one gets the machine's default; a bad entry is refused by name."""
+def test_default_tree_is_the_heads_measured_best(tmp_path, monkeypatch):
+    """The tree the head's evaluation measured fastest per machine gives the defaults; what it
+    leaves out and a head without one get the machine's defaults; an older card's best_budget
+    still reads; a bad entry is refused by name."""
     from jetspec_jax import api
     from jetspec_jax.io.load import read_draft
 
     tcfg, _ = tiny_target()
     dcfg, dp = tiny_head(tcfg)
-    save_draft(tmp_path / "d", dp, dcfg,
-               metadata={"evaluation": {"best_budget": {"h200": 16, "cpu": 2}}})
+    save_draft(tmp_path / "d", dp, dcfg, metadata={"evaluation": {"best_tree": {
+        "h200": {"budget": 16}, "cpu": {"budget": 2, "width": 1, "ngram": 3}}}})
     save_draft(tmp_path / "plain", dp, dcfg)
+    save_draft(tmp_path / "old", dp, dcfg,
+               metadata={"evaluation": {"best_budget": {"h200": 32, "cpu": 8}}})
     measured, plain = read_draft(tmp_path / "d"), read_draft(tmp_path / "plain")
-    assert measured.best_budget == {"h200": 16, "cpu": 2} and plain.best_budget == {}
-    assert api.default_budget(measured) == 2 and api.default_budget(plain) == 4
+    assert plain.best_tree == {}
+    assert read_draft(tmp_path / "old").best_tree == {"h200": {"budget": 32}, "cpu": {"budget": 8}}
+    assert api.default_tree(measured) == {"budget": 2, "width": 1, "ngram": 3}
+    assert api.default_tree(plain) == {"budget": 4, "width": 7, "ngram": 0}
+    spec = api.decoding_options(draft=measured).tree_spec
+    assert (spec.budget, spec.width, spec.ngram) == (2, 1, 3)
+    spec = api.decoding_options(budget=5, width=3, ngram=0, draft=measured).tree_spec
+    assert (spec.budget, spec.width, spec.ngram) == (5, 3, 0)  # what the caller gives wins
     monkeypatch.setattr(api.jax, "default_backend", lambda: "gpu")
-    assert api.default_budget(measured) == 16 and api.default_budget(plain) == 64
-    assert api.default_budget() == 64
-    meta = json.loads((tmp_path / "d" / "metadata.json").read_text())
-    meta["evaluation"]["best_budget"]["cpu"] = 0
-    (tmp_path / "d" / "metadata.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match=r"evaluation.best_budget must map machines to "
-                       r"tree budgets 1..1024, got \{'cpu': 0\}"):
-        read_draft(tmp_path / "d")
+    assert api.default_tree(measured) == {"budget": 16, "width": 7, "ngram": 0}
+    assert api.default_budget(plain) == 64 and api.default_budget() == 64
+    for bad, says in (({"budget": 0}, "budget must be in"), ({"width": 0}, "width must be"),
+                      ({"ngram": -1}, "chain length must be"), ({"depth": 3}, "got"),
+                      ({"width": "2"}, "got"), (4, "got")):
+        meta = json.loads((tmp_path / "d" / "metadata.json").read_text())
+        meta["evaluation"]["best_tree"]["cpu"] = bad
+        (tmp_path / "plain" / "metadata.json").write_text(json.dumps(meta))
+        with pytest.raises(CheckpointError, match=r"evaluation.best_tree\['cpu'\] must hold "
+                           r"whole numbers.*" + says):
+            read_draft(tmp_path / "plain")
 
 
-def test_shipped_heads_default_budgets_are_its_fastest_measured():
+def test_shipped_heads_default_tree_is_its_fastest_measured():
     """The shipped head's evaluation has the figures its model card gives, and the default
-    budget per machine is the fastest of the batch-1 runs recorded beside it."""
+    tree per machine is the fastest of the batch-1 runs recorded beside it."""
     from jetspec_jax.io.load import read_draft
 
     head = Path(__file__).parents[1] / "checkpoints" / "smollm2-135m-jetspec"
@@ -195,9 +207,11 @@ def test_shipped_heads_default_budgets_are_its_fastest_measured():
     assert evaluation["max_new_tokens"] in (64, 512)  # the answers' cap the figures hold at
     for machine, runs in (("h200", "h200_bf16"), ("cpu", "cpu_f32")):
         fastest = max(evaluation["batch1"][runs], key=lambda r: r["speedup"])
-        assert evaluation["best_budget"][machine] == fastest["budget"]
+        measured = {"width": 7, "ngram": 0} | fastest  # the runs give what is not a default
+        assert {"width": 7, "ngram": 0} | evaluation["best_tree"][machine] == {
+            k: measured[k] for k in ("budget", "width", "ngram")}
         assert evaluation["speedup"][f"{runs}_batch1"] == round(fastest["speedup"], 3)
-    assert read_draft(head).best_budget == evaluation["best_budget"]
+    assert read_draft(head).best_tree == evaluation["best_tree"]
 
 
 def test_checkpoint_saved_on_another_device_loads_here(tmp_path):

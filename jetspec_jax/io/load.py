@@ -43,14 +43,18 @@ class Target:
         return self.params["embed"].dtype
 
 
+TREE_FIELDS = {"budget", "width", "ngram"}  # what a head's card may set per machine
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Draft:
     dcfg: DraftConfig
     params: dict
     path: str | None = None
-    # The tree budgets measured fastest with this head at batch 1, per machine ("h200",
-    # "cpu"), from its metadata's "evaluation"; `api.default_budget` decodes with them.
-    best_budget: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The tree measured fastest with this head at batch 1, per machine ("h200", "cpu"):
+    # {"budget", "width", "ngram"} or some of them, from its metadata's "evaluation";
+    # `api.decoding_options` decodes with them where the caller gives none.
+    best_tree: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 def resolve_dtype(dtype):
@@ -153,27 +157,37 @@ def read_draft(path: str | Path, *, dtype=None) -> Draft:
         return ngram_draft()
     with _reading(path):
         dcfg, params = head_io.read_any_draft(path, dtype=dtype)
-    return Draft(dcfg, params, str(path), measured_best_budget(path))
+    return Draft(dcfg, params, str(path), measured_best_tree(path))
 
 
 def ngram_draft(max_len: int = NGRAM_LEN) -> Draft:
     """Prompt-lookup drafting (`draft/ngram.py`): no head, no weights. Its tree is the root
     and a chain of up to max_len tokens, so that is its default budget."""
-    return Draft(NgramConfig(max_len), {}, NGRAM_DRAFT, {"cpu": max_len + 1, "h200": max_len + 1})
+    return Draft(NgramConfig(max_len), {}, NGRAM_DRAFT,
+                 {machine: {"budget": max_len + 1} for machine in ("cpu", "h200")})
 
 
-def measured_best_budget(path: str | Path) -> dict[str, int]:
-    """{machine: budget} from the "evaluation" of the head's metadata.json ({} without one)."""
+def measured_best_tree(path: str | Path) -> dict[str, dict[str, int]]:
+    """{machine: {"budget", "width", "ngram"}} from the "evaluation" of the head's metadata.json
+    ({} without one); an older card's "best_budget" {machine: budget} reads as budgets alone."""
     root = Path(path) if Path(path).is_dir() else Path(path).parent
     if not (root / "metadata.json").is_file():
         return {}
-    best = read_json_object(root / "metadata.json", "of checkpoint metadata").get(
-        "evaluation", {}).get("best_budget", {})
-    bad = {k: v for k, v in best.items() if not isinstance(v, int) or TreeSpec.problems(v)}
-    if bad:
-        raise CheckpointError(f"{root}/metadata.json: evaluation.best_budget must map machines "
-                              f"to tree budgets 1..{MAX_BUDGET}, got {bad}")
-    return dict(best)
+    evaluation = read_json_object(root / "metadata.json", "of checkpoint metadata").get(
+        "evaluation", {})
+    best = evaluation.get("best_tree") or {
+        machine: {"budget": b} for machine, b in evaluation.get("best_budget", {}).items()}
+    for machine, tree in best.items():
+        ok = isinstance(tree, dict) and set(tree) <= TREE_FIELDS and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in tree.values())
+        problems = TreeSpec.problems(tree.get("budget"), tree.get("width", 1),
+                                     ngram=tree.get("ngram", 0)) if ok else []
+        if not ok or problems:
+            raise CheckpointError(
+                f"{root}/metadata.json: evaluation.best_tree[{machine!r}] must hold whole "
+                f"numbers for some of {sorted(TREE_FIELDS)} in range (budget 1..{MAX_BUDGET}), "
+                f"got {tree!r}" + (f": {'; '.join(problems)}" if problems else ""))
+    return {machine: dict(tree) for machine, tree in best.items()}
 
 
 def fit_draft(draft: Draft, target: Target, *, mesh=None) -> Draft:

@@ -52,7 +52,8 @@ class EngineConfig:
     max_queue: int = 64  # requests waiting for a slot, at most
     attn_impl: str = "auto"  # the attention kernel's name (`jetspec_jax.model.kernels`)
     slot_buckets: tuple[int, ...] | None = None  # active-slot counts compiled for; None: auto
-    ngram: int = 0  # context n-gram chain per tree, tokens at most (`TreeSpec.ngram`)
+    ngram: int | None = None  # context n-gram chain per tree, tokens at most
+    #                           (`TreeSpec.ngram`); None: the head's default (`api.default_tree`)
 
     def __post_init__(self):
         for name in ("max_batch", "max_len", "max_queue"):
