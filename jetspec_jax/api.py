@@ -112,6 +112,25 @@ def decoding_options(*, budget=None, width=7, tree="accum_logp", temperature=0.0
     return Options(Sampler(temperature, top_k, top_p), spec, attn_impl, matmul_impl, auto)
 
 
+# ---- the target's mesh ------------------------------------------------------------------------
+
+
+def on_mesh(target: Target):
+    """The context to trace decoding programs in: the target's mesh (`sharding.use`), which
+    the loops read to keep their caches sharded; a no-op on one device."""
+    return sharding.use(target.mesh)
+
+
+def zeros_on_mesh(make, target: Target):
+    """make() (zeros: a decoding state, a cache) laid out as the decoding loops keep it on the
+    target's mesh (`sharding.state_shardings`), made there in shards, never whole on one
+    device; make() itself on one device."""
+    if target.mesh is None:
+        return make()
+    out = sharding.state_shardings(jax.eval_shape(make), target.mesh)
+    return jax.jit(make, out_shardings=out)()
+
+
 # ---- prompts -> one padded batch -------------------------------------------------------------
 
 

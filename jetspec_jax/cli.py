@@ -432,6 +432,11 @@ def _serve_parser(sub) -> None:
     p.add_argument("--chunk", type=positive_int, metavar="N",
                    help="rounds (steps without a head) per device call; requests join and "
                    "leave between calls (default: 4)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=options.PREFILL_CHUNK,
+                   metavar="N",
+                   help="prompt tokens per prefill pass: arrivals are prefilled together, one "
+                   "pass between device calls, so a long prompt delays running requests by one "
+                   "pass at a time (default: %(default)s)")
     p.add_argument("--attn-impl", default="auto", metavar="|".join(options.ATTN_IMPLS),
                    help="attention kernel (as for generate; default: %(default)s)")
     p.add_argument("--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES, metavar="N",
@@ -457,7 +462,7 @@ def run_serve(args) -> None:
 
     config = engine.EngineConfig(max_batch=args.max_batch, max_len=args.max_len,
                                  budget=args.budget, chunk=args.chunk, max_queue=args.max_queue,
-                                 attn_impl=args.attn_impl)
+                                 attn_impl=args.attn_impl, prefill_chunk=args.prefill_chunk)
     api.decoding_options(budget=args.budget, attn_impl=args.attn_impl)  # before loading
     target, draft = _load(args)
     config = dataclasses.replace(config, ngram=args.ngram)
