@@ -272,12 +272,16 @@ def _model_flags(p, *, without_head: str) -> None:
                    "fused_decode) need a GPU (default: %(default)s)")
     p.add_argument("--no-chat", action="store_true",
                    help="feed prompts as raw text instead of wrapping them in the chat template")
+    _mesh_flag(p)
+    _cache_flags(p)
+
+
+def _mesh_flag(p) -> None:
     p.add_argument("--mesh", metavar="SPEC",
                    help="shard the target and the head over the devices: 'tp=N' (tensor "
                    "parallel: heads, MLP, vocab), 'tp=N,ep=M' (and experts), '1' (one device); "
                    "the sizes multiply to the device count (default: one device; "
                    "docs/sharding.md)")
-    _cache_flags(p)
 
 
 def _generate_parser(sub) -> None:
@@ -412,6 +416,7 @@ def _serve_parser(sub) -> None:
                    "soon as they finish. docs/serving.md.")
     _load_flags(p, without_head="else autoregressive")
     p.add_argument("--no-draft", action="store_true", help="serve autoregressively")
+    _mesh_flag(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
                    "%(default)s; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
@@ -446,7 +451,7 @@ def _serve_parser(sub) -> None:
                    help="answer /v1 requests only with 'Authorization: Bearer KEY', others "
                    f"get HTTP 401; /health and /metrics stay open (default: ${API_KEY_VARIABLE}, "
                    "else none)")
-    p.set_defaults(run=run_serve, check=check_serve, mesh=None, prompt=None, prompt_file=None)
+    p.set_defaults(run=run_serve, check=check_serve, prompt=None, prompt_file=None)
 
 
 def check_serve(args) -> None:
