@@ -276,6 +276,12 @@ def _model_flags(p, *, without_head: str) -> None:
     _cache_flags(p)
 
 
+def _thinking_flag(p, default: str) -> None:
+    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction,
+                   help="set the chat template's enable_thinking (Qwen3's switch: think before "
+                   f"the answer, or answer at once) (default: {default})")
+
+
 def _mesh_flag(p) -> None:
     p.add_argument("--mesh", metavar="SPEC",
                    help="shard the target and the head over the devices: 'tp=N' (tensor "
@@ -320,6 +326,7 @@ def _generate_parser(sub) -> None:
                    "prompts in big batches, with the same output (default: %(default)s)")
     p.add_argument("--stream", action="store_true",
                    help="print the text as it is generated (one prompt; the same tokens)")
+    _thinking_flag(p, "the chat template's")
     p.set_defaults(run=run_generate, check=check_generate)
 
 
@@ -417,6 +424,7 @@ def _serve_parser(sub) -> None:
     _load_flags(p, without_head="else autoregressive")
     p.add_argument("--no-draft", action="store_true", help="serve autoregressively")
     _mesh_flag(p)
+    _thinking_flag(p, "the chat template's; a request's chat_template_kwargs set it apart")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
                    "%(default)s; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
@@ -473,8 +481,10 @@ def run_serve(args) -> None:
     config = dataclasses.replace(config, ngram=args.ngram)
     name = args.served_model_name or target.name
     print(f"compiling the round programs for {args.max_batch} slots ...", file=sys.stderr)
+    thinking = {} if args.enable_thinking is None else {"enable_thinking": args.enable_thinking}
     app.serve(engine.Engine(target, draft, config), name, args.host, args.port,
-              max_body_bytes=args.max_body_bytes, api_key=args.api_key)
+              max_body_bytes=args.max_body_bytes, api_key=args.api_key,
+              chat_template_kwargs=thinking)
 
 
 def run_generate(args) -> None:
@@ -491,7 +501,8 @@ def run_generate(args) -> None:
                    width=args.width, tree=args.tree, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, chat=not args.no_chat, attn_impl=args.attn_impl,
-                   prefill_chunk=args.prefill_chunk, ngram=args.ngram)
+                   prefill_chunk=args.prefill_chunk, ngram=args.ngram,
+                   enable_thinking=args.enable_thinking)
     if args.stream:
         print_stream(lambda: api.stream(target, prompts, **options))
         return
