@@ -27,11 +27,13 @@ class Recorder(Engine):
     def __init__(self, *args):
         super().__init__(*args)
         self.events = []
+        self.after_pass = lambda prefill: None
 
     def _prefill_pass(self):
         p = self.prefill
         self.events.append(("pass", tuple(len(r.ids) for r in p.requests), p.done))
         super()._prefill_pass()
+        self.after_pass(p)
 
     def _step(self):
         self.events.append(("round", tuple(r.sent for r in self.slots)))
@@ -113,3 +115,22 @@ def test_a_running_request_advances_between_the_passes_of_a_long_prompt(engine, 
     sent = [e[1][0] for e in between]  # the running request's tokens before that round
     assert sent == sorted(set(sent)), sent
     assert running == reference(SHORT, MAX_LEN - 3) and late == reference(LONG, 8)
+
+
+def test_a_prefill_whose_requests_are_all_cancelled_ends_at_the_next_boundary(engine):
+    events, ended = [], threading.Event()
+
+    def on_event(*event):
+        events.append(event)
+        ended.set()
+
+    request = Request(LONG, 8, on_event)
+    engine.events.clear()
+    engine.after_pass = lambda prefill: request.cancel()  # after its first pass of five
+    try:
+        engine.submit(request)
+        assert ended.wait(60)
+    finally:
+        engine.after_pass = lambda prefill: None
+    assert events == [([], "cancelled", None)] and engine.prefill is None
+    assert [e for e in engine.events if e[0] == "pass"] == [("pass", (40,), 0)]

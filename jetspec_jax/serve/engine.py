@@ -368,8 +368,12 @@ class Engine:
         self.metrics.set("prefilling", len(self.prefill.requests) if self.prefill else 0)
 
     def _admit(self) -> None:
-        """With no prefill under way, starts one of the queued requests that fit the free
-        slots."""
+        """Ends a prefill whose requests have all been cancelled; with no prefill under way,
+        starts one of the queued requests that fit the free slots."""
+        if self.prefill is not None and all(r.cancel_reason for r in self.prefill.requests):
+            dropped, self.prefill = self.prefill.requests, None
+            for r in dropped:
+                self._finish(r, r.cancel_reason, None)
         if self.prefill is not None:
             return
         taken = []
@@ -413,28 +417,29 @@ class Engine:
             self.prefill = None
 
     def _join(self, p: Prefill) -> None:
-        """The prefilled requests take the next free slots (a cancelled one is dropped)."""
-        n, slots = len(p.lens), np.full(len(p.lens), self.config.max_batch, np.int32)
-        seeds = [r.seed if r.seed is not None else int.from_bytes(os.urandom(8), "little")
-                 for r in p.requests]
-        keys = jnp.stack([_key(s) for s in seeds + [0] * (n - len(seeds))])
+        """The prefilled requests take the next free slots; one cancelled meanwhile ends
+        here (its row is dropped)."""
+        n = len(p.lens)
+        live = [r for r in p.requests if r.cancel_reason is None]
+        slots = np.full(n, self.config.max_batch, np.int32)  # past the last slot: dropped
         rows = _greedy_rows(n)  # padding rows stay greedy
         for i, r in enumerate(p.requests):
+            if r in live:
+                slots[i] = len(self.slots) + live.index(r)
             for k, v in (("temperature", r.temperature), ("top_k", r.top_k), ("top_p", r.top_p)):
                 rows[k][i] = v
-        joined = []
-        for i, r in enumerate(p.requests):
-            if r.cancel_reason is not None:
-                self._finish(r, r.cancel_reason, None)
-                continue
-            slots[i] = len(self.slots) + len(joined)
-            joined.append((i, r))
+        seeds = [r.seed if r.seed is not None else int.from_bytes(os.urandom(8), "little")
+                 for r in p.requests]
         self.state = _write_rows(
             self.tparams, self.dparams, self.state, p.cache, p.last, tuple(p.taps),
-            jnp.asarray(p.prompt), jnp.asarray(p.lens), keys,
+            jnp.asarray(p.prompt), jnp.asarray(p.lens),
+            jnp.stack([_key(s) for s in seeds + [0] * (n - len(seeds))]),
             RowSampler(**{k: jnp.asarray(v) for k, v in rows.items()}), jnp.asarray(slots),
             **self.static)
-        for i, r in joined:
+        for i, r in enumerate(p.requests):
+            if r not in live:
+                self._finish(r, r.cancel_reason, None)
+                continue
             for k, v in rows.items():
                 self.rows[k][slots[i]] = v[i]
             self.slots.append(r)
