@@ -369,7 +369,7 @@ class Engine:
 
     def _admit(self) -> None:
         """Ends a prefill whose requests have all been cancelled; with no prefill under way,
-        starts one of the queued requests that fit the free slots."""
+        starts one for the queued requests that fit the free slots."""
         if self.prefill is not None and all(r.cancel_reason for r in self.prefill.requests):
             dropped, self.prefill = self.prefill.requests, None
             for r in dropped:
@@ -390,13 +390,12 @@ class Engine:
             lens = np.ones(n, np.int32)  # padding rows: one token
             for i, r in enumerate(taken):
                 prompt[i, :len(r.ids)], lens[i] = r.ids, len(r.ids)
-            self.prefill = Prefill(taken, prompt, lens, *self._new_carry(n))
+            self.prefill = Prefill(taken, prompt, lens, *self._carry(n))
 
     def _carry(self, n: int):
-        return prefill_carry(self.tparams, self.target.cfg, n, self.static["loop"])
-
-    def _new_carry(self, n: int):
-        return api.zeros_on_mesh(functools.partial(self._carry, n), self.target)
+        """The empty cache and last hidden states a prefill of n rows starts from."""
+        return api.zeros_on_mesh(functools.partial(
+            prefill_carry, self.tparams, self.target.cfg, n, self.static["loop"]), self.target)
 
     def _prefill_pass(self) -> None:
         """One pass of the prefill under way (`PREFILL_STEP`), within the cache; the last
