@@ -276,10 +276,10 @@ def _model_flags(p, *, without_head: str) -> None:
     _cache_flags(p)
 
 
-def _thinking_flag(p, default: str) -> None:
+def _thinking_flag(p, scope: str = "") -> None:
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction,
-                   help="set the chat template's enable_thinking (Qwen3's switch: think before "
-                   f"the answer, or answer at once) (default: {default})")
+                   help=f"set the chat template's enable_thinking{scope} (Qwen3's switch: think "
+                   "before the answer, or answer at once) (default: the template's)")
 
 
 def _mesh_flag(p) -> None:
@@ -326,7 +326,7 @@ def _generate_parser(sub) -> None:
                    "prompts in big batches, with the same output (default: %(default)s)")
     p.add_argument("--stream", action="store_true",
                    help="print the text as it is generated (one prompt; the same tokens)")
-    _thinking_flag(p, "the chat template's")
+    _thinking_flag(p)
     p.set_defaults(run=run_generate, check=check_generate)
 
 
@@ -424,7 +424,7 @@ def _serve_parser(sub) -> None:
     _load_flags(p, without_head="else autoregressive")
     p.add_argument("--no-draft", action="store_true", help="serve autoregressively")
     _mesh_flag(p)
-    _thinking_flag(p, "the chat template's; a request's chat_template_kwargs set it apart")
+    _thinking_flag(p, " for requests whose chat_template_kwargs do not set it")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
                    "%(default)s; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
