@@ -32,6 +32,7 @@ import sys
 import time
 
 from bench.common.results_io import command_line, resume, write_json
+from jetspec_jax.options import PREFILL_CHUNK
 
 PROMPTS = (
     "Explain in three sentences why the sky is blue.",
@@ -73,7 +74,8 @@ def _serve(opts: dict, port: int) -> None:
         draft = None
     config = engine.EngineConfig(max_batch=opts["max_batch"], max_len=opts["max_len"],
                                  budget=opts["budget"], max_queue=opts["max_queue"],
-                                 chunk=opts["chunk"] if opts["mode"] == "speculative" else None)
+                                 chunk=opts["chunk"] if opts["mode"] == "speculative" else None,
+                                 prefill_chunk=opts["prefill_chunk"])
     app.serve(engine.Engine(target, draft, config), "bench", "127.0.0.1", port, "warning")
 
 
@@ -292,6 +294,8 @@ def main() -> int:
                     "server's)")
     ap.add_argument("--chunk", type=int, default=None,
                     help="speculative rounds per device call (default: the server's)")
+    ap.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
+                    help="prompt tokens per prefill pass (default: %(default)s)")
     ap.add_argument("--modes", nargs="+", default=["speculative", "autoregressive"],
                     choices=["speculative", "autoregressive"])
     ap.add_argument("--quick", action="store_true",
@@ -306,12 +310,13 @@ def main() -> int:
     if args.soak_minutes and len(args.concurrency) != 1:
         ap.error("--soak-minutes takes one --concurrency")
     if min(args.concurrency) < 1 or args.max_tokens < 1 or args.soak_minutes < 0 \
-            or (args.chunk is not None and args.chunk < 1):
-        ap.error("--concurrency, --max-tokens and --chunk must be >= 1, --soak-minutes >= 0")
+            or (args.chunk is not None and args.chunk < 1) or args.prefill_chunk < 1:
+        ap.error("--concurrency, --max-tokens, --chunk and --prefill-chunk must be >= 1, "
+                 "--soak-minutes >= 0")
     budget = args.budget if args.budget in (None, "auto") else int(args.budget)
     opts = dict(model=args.model, draft=args.draft, random=args.random, dtype=args.dtype,
                 max_batch=args.max_batch, max_len=args.max_len, max_queue=args.max_queue,
-                budget=budget, chunk=args.chunk)
+                budget=budget, chunk=args.chunk, prefill_chunk=args.prefill_chunk)
     result = resume(args.out if args.resume else None, command_line(),
                     dict(date=time.strftime("%Y-%m-%d"), options=opts, rows=[]))
     if args.soak_minutes:

@@ -120,6 +120,25 @@ def decoding_options(*, budget=None, width=None, tree="accum_logp", temperature=
     return Options(Sampler(temperature, top_k, top_p), spec, attn_impl, matmul_impl, auto)
 
 
+# ---- the target's mesh ------------------------------------------------------------------------
+
+
+def on_mesh(target: Target):
+    """The context to trace decoding programs in: the target's mesh (`sharding.use`), which
+    the loops read to keep their caches sharded; a no-op on one device."""
+    return sharding.use(target.mesh)
+
+
+def zeros_on_mesh(make, target: Target):
+    """make() (zeros: a decoding state, a cache) laid out as the decoding loops keep it on the
+    target's mesh (`sharding.state_shardings`), made there in shards, never whole on one
+    device; make() itself on one device."""
+    if target.mesh is None:
+        return make()
+    out = sharding.state_shardings(jax.eval_shape(make), target.mesh)
+    return jax.jit(make, out_shardings=out)()
+
+
 # ---- prompts -> one padded batch -------------------------------------------------------------
 
 
@@ -129,8 +148,11 @@ def bucket(n: int, step: int = 64) -> int:
     return 1 << (n - 1).bit_length() if n <= step else -(-n // step) * step
 
 
-def encode_prompts(target: Target, prompts, *, chat: bool = True) -> list[list[int]]:
-    """str | list[str] | list[list[int]] (or one list[int]) -> token ids per prompt."""
+def encode_prompts(target: Target, prompts, *, chat: bool = True,
+                   enable_thinking: bool | None = None) -> list[list[int]]:
+    """str | list[str] | list[list[int]] (or one list[int]) -> token ids per prompt.
+    enable_thinking: the chat template's switch of that name (Qwen3's: think before the
+    answer), None: the template's default."""
     if isinstance(prompts, str) or (
             prompts and all(isinstance(t, (int, np.integer)) for t in prompts)):
         prompts = [prompts]
@@ -141,7 +163,7 @@ def encode_prompts(target: Target, prompts, *, chat: bool = True) -> list[list[i
         if isinstance(p, str):
             if not p.strip():
                 raise ValueError(f"prompt {i} is empty")
-            out.append(_encode_text(target, p, chat))
+            out.append(_encode_text(target, p, chat, enable_thinking))
             continue
         ids = [int(t) for t in p]
         if not ids:
@@ -153,7 +175,8 @@ def encode_prompts(target: Target, prompts, *, chat: bool = True) -> list[list[i
     return out
 
 
-def _encode_text(target: Target, text: str, chat: bool) -> list[int]:
+def _encode_text(target: Target, text: str, chat: bool, enable_thinking: bool | None
+                 ) -> list[int]:
     tok = target.tokenizer
     if tok is None:
         raise TokenizerError(f"{target.source} has no tokenizer (no tokenizer.json); pass "
@@ -163,8 +186,9 @@ def _encode_text(target: Target, text: str, chat: bool) -> list[int]:
     if not tok.chat_template:
         raise TokenizerError(f"the tokenizer of {target.source} has no chat template; pass "
                              "chat=False (--no-chat)")
+    switch = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     return tok.apply_chat_template([{"role": "user", "content": text}],
-                                   add_generation_prompt=True)
+                                   add_generation_prompt=True, **switch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,7 +304,7 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
              top_p: float = 1.0, seed: int = 0, chat: bool = True,
              stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
              matmul_impl: str = "auto", mesh=None, prefill_chunk: int = PREFILL_CHUNK,
-             ngram: int | None = None) -> _Run:
+             ngram: int | None = None, enable_thinking: bool | None = None) -> _Run:
     """`generate`'s options checked, the prompts encoded and batched, and the weights and
     batch placed on the mesh."""
     opts = decoding_options(budget=budget, width=width, tree=tree, temperature=temperature,
@@ -288,7 +312,7 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
                             matmul_impl=matmul_impl, ngram=ngram, draft=draft)
     if draft is not None:
         check_fits(draft, target)
-    ids = encode_prompts(target, prompts, chat=chat)
+    ids = encode_prompts(target, prompts, chat=chat, enable_thinking=enable_thinking)
     if stop_ids is None:
         stop_ids = (target.tokenizer and target.tokenizer.eos_token_ids) or target.cfg.eos_token_ids
     spec = opts.tree_spec
@@ -323,13 +347,15 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
              top_p: float = 1.0, seed: int = 0, chat: bool = True,
              stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
              matmul_impl: str = "auto", compare_autoregressive: bool = False, mesh=None,
-             prefill_chunk: int = PREFILL_CHUNK, ngram: int | None = None) -> GenerationResult:
+             prefill_chunk: int = PREFILL_CHUNK, ngram: int | None = None,
+             enable_thinking: bool | None = None) -> GenerationResult:
     """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
 
     budget: tree nodes per round (None: `default_budget(draft)`), or "auto": each round picks its
     tree size from `auto_buckets()` by expected tokens per second (`adaptive_spec`); width:
     draft candidates per tree node (None: `default_tree(draft)`'s); chat: wrap text prompts in
-    the chat template; stop_ids: None means the tokenizer's eos ids; attn_impl, matmul_impl:
+    the chat template; enable_thinking: that template's switch of the name (Qwen3's; None: the
+    template's default); stop_ids: None means the tokenizer's eos ids; attn_impl, matmul_impl:
     kernel names (`jetspec_jax.model.kernels`; "auto": the fastest measured for the model on
     this machine); compare_autoregressive: also time
     autoregressive decoding of the same batch (with a draft only); mesh: where to decode
@@ -344,7 +370,7 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
                    width=width, tree=tree, temperature=temperature,
                    top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop_ids=stop_ids,
                    attn_impl=attn_impl, matmul_impl=matmul_impl, mesh=mesh,
-                   prefill_chunk=prefill_chunk, ngram=ngram)
+                   prefill_chunk=prefill_chunk, ngram=ngram, enable_thinking=enable_thinking)
 
     def autoregressive():
         return run.call(_timed, ar_generate, (run.tparams, *run.args),

@@ -273,12 +273,22 @@ def _model_flags(p, *, without_head: str) -> None:
                    "fused_decode) need a GPU (default: %(default)s)")
     p.add_argument("--no-chat", action="store_true",
                    help="feed prompts as raw text instead of wrapping them in the chat template")
+    _mesh_flag(p)
+    _cache_flags(p)
+
+
+def _thinking_flag(p, scope: str = "") -> None:
+    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction,
+                   help=f"set the chat template's enable_thinking{scope} (Qwen3's switch: think "
+                   "before the answer, or answer at once) (default: the template's)")
+
+
+def _mesh_flag(p) -> None:
     p.add_argument("--mesh", metavar="SPEC",
                    help="shard the target and the head over the devices: 'tp=N' (tensor "
                    "parallel: heads, MLP, vocab), 'tp=N,ep=M' (and experts), '1' (one device); "
                    "the sizes multiply to the device count (default: one device; "
                    "docs/sharding.md)")
-    _cache_flags(p)
 
 
 def _generate_parser(sub) -> None:
@@ -317,6 +327,7 @@ def _generate_parser(sub) -> None:
                    "prompts in big batches, with the same output (default: %(default)s)")
     p.add_argument("--stream", action="store_true",
                    help="print the text as it is generated (one prompt; the same tokens)")
+    _thinking_flag(p)
     p.set_defaults(run=run_generate, check=check_generate)
 
 
@@ -413,6 +424,8 @@ def _serve_parser(sub) -> None:
                    "soon as they finish. docs/serving.md.")
     _load_flags(p, without_head="else autoregressive")
     p.add_argument("--no-draft", action="store_true", help="serve autoregressively")
+    _mesh_flag(p)
+    _thinking_flag(p, " for requests whose chat_template_kwargs do not set it")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
                    "%(default)s; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
@@ -433,6 +446,11 @@ def _serve_parser(sub) -> None:
     p.add_argument("--chunk", type=positive_int, metavar="N",
                    help="rounds (steps without a head) per device call; requests join and "
                    "leave between calls (default: 4)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=options.PREFILL_CHUNK,
+                   metavar="N",
+                   help="prompt tokens per prefill pass: arrivals are prefilled together, one "
+                   "pass between device calls, so a long prompt delays running requests by one "
+                   "pass at a time (default: %(default)s)")
     p.add_argument("--attn-impl", default="auto", metavar="|".join(options.ATTN_IMPLS),
                    help="attention kernel (as for generate; default: %(default)s)")
     p.add_argument("--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES, metavar="N",
@@ -442,7 +460,7 @@ def _serve_parser(sub) -> None:
                    help="answer /v1 requests only with 'Authorization: Bearer KEY', others "
                    f"get HTTP 401; /health and /metrics stay open (default: ${API_KEY_VARIABLE}, "
                    "else none)")
-    p.set_defaults(run=run_serve, check=check_serve, mesh=None, prompt=None, prompt_file=None)
+    p.set_defaults(run=run_serve, check=check_serve, prompt=None, prompt_file=None)
 
 
 def check_serve(args) -> None:
@@ -458,14 +476,16 @@ def run_serve(args) -> None:
 
     config = engine.EngineConfig(max_batch=args.max_batch, max_len=args.max_len,
                                  budget=args.budget, chunk=args.chunk, max_queue=args.max_queue,
-                                 attn_impl=args.attn_impl)
+                                 attn_impl=args.attn_impl, prefill_chunk=args.prefill_chunk)
     api.decoding_options(budget=args.budget, attn_impl=args.attn_impl)  # before loading
     target, draft = _load(args)
     config = dataclasses.replace(config, ngram=args.ngram)
     name = args.served_model_name or target.name
     print(f"compiling the round programs for {args.max_batch} slots ...", file=sys.stderr)
+    thinking = {} if args.enable_thinking is None else {"enable_thinking": args.enable_thinking}
     app.serve(engine.Engine(target, draft, config), name, args.host, args.port,
-              max_body_bytes=args.max_body_bytes, api_key=args.api_key)
+              max_body_bytes=args.max_body_bytes, api_key=args.api_key,
+              chat_template_kwargs=thinking)
 
 
 def run_generate(args) -> None:
@@ -482,7 +502,8 @@ def run_generate(args) -> None:
                    width=args.width, tree=args.tree, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p,
                    seed=args.seed, chat=not args.no_chat, attn_impl=args.attn_impl,
-                   prefill_chunk=args.prefill_chunk, ngram=args.ngram)
+                   prefill_chunk=args.prefill_chunk, ngram=args.ngram,
+                   enable_thinking=args.enable_thinking)
     if args.stream:
         print_stream(lambda: api.stream(target, prompts, **options))
         return
@@ -524,15 +545,14 @@ def run_bench(args) -> None:
         api.decoding_options(budget=budget, width=args.width, tree=args.tree,
                              attn_impl=args.attn_impl)
     target, draft = _load(args)
-    tree = api.decoding_options(budget=args.budgets[0], width=args.width, ngram=args.ngram,
-                                draft=draft).tree_spec  # the defaults the head's card gives
-    args.width, args.ngram = tree.width, tree.ngram
+    shown = api.decoding_options(budget=args.budgets[0], width=args.width, ngram=args.ngram,
+                                 draft=draft).tree_spec  # with the defaults the head's card gives
     rows = api.bench(target, prompts, draft=draft, budgets=args.budgets,
                      max_new_tokens=args.max_new_tokens, width=args.width, tree=args.tree,
                      chat=not args.no_chat, attn_impl=args.attn_impl, ngram=args.ngram)
     print(f"{target.name}, draft {draft.path}, {len(prompts)} prompts, "
-          f"{args.max_new_tokens} new tokens, tree {args.tree}, width {args.width}"
-          + (f", n-gram chain {args.ngram}" if args.ngram else ""))
+          f"{args.max_new_tokens} new tokens, tree {args.tree}, width {shown.width}"
+          + (f", n-gram chain {shown.ngram}" if shown.ngram else ""))
     print(f"{'budget':>6} {'tau':>6} {'tok/s':>9} {'AR tok/s':>9} {'speedup':>8} identical")
     for r in rows:
         same = "yes" if r["identical"] else "NO"
@@ -542,7 +562,7 @@ def run_bench(args) -> None:
             print(f"{'':>6} tree sizes chosen: {api.format_mix(r['bucket_mix'])}")
     if args.out:
         info = dict(model=args.model, draft=draft.path, prompts=prompts,
-                    max_new_tokens=args.max_new_tokens, tree=args.tree, width=args.width,
+                    max_new_tokens=args.max_new_tokens, tree=args.tree, width=shown.width,
                     attn_impl=api.resolve_kernels(target, args.attn_impl,
                                                   mesh=target.mesh).attention_name,
                     dtype=args.dtype, backend=jax.default_backend(), mesh=args.mesh, rows=rows)

@@ -29,7 +29,8 @@ from jetspec_jax.io.tokenizer import Tokenizer, TokenizerError
 FIXTURES = Path(__file__).parent / "fixtures"
 VOCAB = 32
 CHAT = ("{% for m in messages %}<user> {{ m['content'] }} {% endfor %}"
-        "{% if add_generation_prompt %}<bot>{% endif %}")
+        "{% if add_generation_prompt %}<bot>{% endif %}"
+        "{% if enable_thinking is defined and not enable_thinking %} w9{% endif %}")  # Qwen3's
 GPU_ONLY = ("hopper", "portable", "decode", "fused_decode")
 AUTO = (4, 8)  # api.AUTO_BUCKETS in the tests: the defaults (up to 256 nodes) compile slowly
 PROMPTS = ("w1 w2 w3", "w4")  # most tests' batch, so they share compiled programs
@@ -147,6 +148,28 @@ def test_cli_generate_speculative(tiny, capsys):
     assert code == 0
     assert "=== prompt 1 ===" in out and "speculative: draft" in out and "tau " in out
     assert "tok/s" in out and "speedup" in out and "greedy outputs identical: yes" in out
+
+
+def test_enable_thinking_reaches_the_chat_template_from_the_api_and_cli(tiny, capsys,
+                                                                        monkeypatch):
+    target = api.load_target(tiny.target)
+    plain, no_thinking = (api.encode_prompts(target, PROMPTS[0], enable_thinking=on)
+                          for on in (None, False))
+    assert api.encode_prompts(target, PROMPTS[0], enable_thinking=True) == plain
+    assert no_thinking == [plain[0] + target.tokenizer.encode("w9")]
+    seen, render = [], Tokenizer.chat_text
+    monkeypatch.setattr(Tokenizer, "chat_text",
+                        lambda self, *a, **kw: seen.append(kw) or render(self, *a, **kw))
+    for flag in ([], ["--enable-thinking"], ["--no-enable-thinking"]):
+        code, _, err = run_cli(capsys, "generate", "--model", tiny.target, "--no-draft",
+                               *PROMPT_FLAGS, "--max-new-tokens", 10, *flag)
+        assert code == 0, err
+    assert seen == [{}] * 2 + [{"enable_thinking": True}] * 2 + [{"enable_thinking": False}] * 2
+    served = {}  # serve: the server's default for requests that do not set it
+    monkeypatch.setattr("jetspec_jax.serve.app.serve", lambda *a, **kw: served.update(kw))
+    assert main(["serve", "--model", str(tiny.target), "--no-draft", "--max-len", "32",
+                 "--no-enable-thinking"]) == 0
+    assert served["chat_template_kwargs"] == {"enable_thinking": False}
 
 
 def test_cli_generate_autoregressive_from_prompt_file(tiny, capsys, tmp_path):

@@ -36,8 +36,7 @@ MAX_LEN = 64
 def models():
     tcfg, tparams = tiny_target("dense", seed=5, vocab=VOCAB)
     dcfg, dparams = tiny_head(tcfg, seed=6, block_size=5)
-    tok = word_tokenizer()  # and a switch in its template, as Qwen3's
-    tok.chat_template += "{% if enable_thinking is defined and not enable_thinking %} w9{% endif %}"
+    tok = word_tokenizer()  # with a switch in its template, as Qwen3's
     return Target(tcfg, tparams, tok, NAME), Draft(dcfg, dparams)
 
 
@@ -471,6 +470,23 @@ def test_chat_template_kwargs_reach_the_template(server):
     r = post(server, "/v1/chat/completions", chat_body(
         "w1", chat_template_kwargs={"messages": []}))
     assert r.status_code == 400 and error_of(r)["param"] == "chat_template_kwargs"
+
+
+def test_the_servers_template_variables_apply_to_requests_that_do_not_set_them(server):
+    """`serve --no-enable-thinking`: enable_thinking false unless a request sets it."""
+    second = Server(server.engine, NAME, chat_template_kwargs={"enable_thinking": False})
+    second.start()  # a second app over the same running engine
+    try:
+        def prompt_tokens(**kw):
+            r = post(second, "/v1/chat/completions", chat_body("w1", max_tokens=1, **kw))
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["prompt_tokens"]
+
+        assert prompt_tokens() == 4
+        assert prompt_tokens(chat_template_kwargs={"enable_thinking": True}) == 3
+    finally:  # its HTTP side only: the engine is the module's server's
+        second.server.should_exit = True
+        second.thread.join()
 
 
 class Letters:

@@ -67,6 +67,10 @@ def test_checkpoint_loads_into_shards_and_api_cli_decode_on_a_mesh(tmp_path):
     run_child("checkpoint", str(tmp_path))
 
 
+def test_served_greedy_output_on_a_mesh_equals_unsharded():
+    run_child("serve")
+
+
 @pytest.mark.parametrize("spec,problem", [
     ("tp=2", "needs 2 devices but 1 are given"),
     ("tp=2,xp=2", "unknown axis 'xp'"),
@@ -80,8 +84,9 @@ def test_bad_mesh_specs_are_named(spec, problem):
         sharding.make_mesh(spec, jax.devices()[:1])
 
 
-def test_cli_reports_a_bad_mesh_before_loading(capsys):
-    code = main(["generate", "--mesh", "tp=2,xp=4"])  # the embedded model: not loaded
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_cli_reports_a_bad_mesh_before_loading(command, capsys):
+    code = main([command, "--mesh", "tp=2,xp=4"])  # the embedded model: not loaded
     assert code == 2
     assert "unknown axis 'xp'" in capsys.readouterr().err
 
@@ -222,9 +227,47 @@ def check_checkpoint(tmp):
     print("checkpoint ok")
 
 
+def check_serve():
+    """Concurrent greedy requests to a server whose target and head are sharded over tp=2
+    (one prompt longer than a prefill pass) get the unsharded tokens; the slots' KV caches
+    stay split by KV head."""
+    import concurrent.futures as futures
+
+    import httpx
+
+    from jetspec_jax.io.load import Draft, Target, fit_draft
+    from jetspec_jax.serve.app import Server
+    from jetspec_jax.serve.engine import Engine, EngineConfig
+
+    tcfg, tp = tiny_target("dense", seed=4, vocab=32)
+    dcfg, dp = tiny_head(tcfg, block_size=4)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 32, n).tolist() for n in (3, 20, 7)]
+    one = api.generate(Target(tcfg, tp, None, "tiny"), prompts, max_new_tokens=10).tokens
+    mesh = sharding.make_mesh("tp=2", jax.devices()[:2])
+    target = Target(tcfg, sharding.shard_params(tp, P.target_specs(tcfg), mesh), None, "tiny",
+                    mesh=mesh)
+    engine = Engine(target, fit_draft(Draft(dcfg, dp), target), EngineConfig(
+        max_batch=4, slot_buckets=(4,), max_len=48, budget=8, prefill_chunk=8))
+    server = Server(engine, "tiny").start()
+    try:
+        def complete(ids):
+            r = httpx.post(server.url + "/v1/completions", timeout=120, json=dict(
+                model="tiny", prompt=ids, max_tokens=10, temperature=0, return_token_ids=True))
+            return r.json()["choices"][0]["token_ids"]
+
+        with futures.ThreadPoolExecutor(3) as pool:
+            assert list(pool.map(complete, prompts)) == one
+        k = engine.state.cache.k[0]  # [B, K, S, H]
+        assert k.sharding.shard_shape(k.shape)[1] == tcfg.num_kv_heads // 2
+    finally:
+        server.stop()
+    print("serve ok")
+
+
 if __name__ == "__main__":
     if jax.device_count() < FAKE_DEVICES:
         sys.exit(f"needs {FAKE_DEVICES} devices: set XLA_FLAGS=--xla_force_host_platform_device_"
                  f"count={FAKE_DEVICES} (the pytest tests do)")
     {"equal": check_equal, "checkpoint": check_checkpoint,
-     "argmax": check_argmax}[sys.argv[1]](*sys.argv[2:])
+     "argmax": check_argmax, "serve": check_serve}[sys.argv[1]](*sys.argv[2:])

@@ -33,44 +33,72 @@ def prefill(params, cfg: ModelConfig, prompt, prompt_lens, cache: KVCache, *,
     the ones before it: the same attention, less memory."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"prefill_chunk must be a whole number >= 1, got {chunk!r}")
-    hidden, cache, tapped = _prefill_forward(params, cfg, prompt, cache, taps, kernels, chunk)
-    last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)  # [B, 1, D]
+    cache, last, tapped = _prefill_forward(params, cfg, prompt, prompt_lens, cache, taps,
+                                           kernels, chunk)
+    return (*prefill_logits(params, cfg, last, prompt_lens, cache, kernels), tapped)
+
+
+def prefill_pass(params, cfg: ModelConfig, tokens, start, prompt_lens, cache: KVCache, last,
+                 *, taps=(), kernels: Kernels = Kernels()):
+    """One pass of a chunked prefill: tokens [B, C] at positions start.. (after the slots of
+    the passes before). last [B, 1, D]: the final hidden state at each prompt's last token,
+    replaced where that token is in this pass. -> (cache, last, taps [B, C, k*D] or None)."""
+    b, c = tokens.shape
+    positions = start + jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32), tokens.shape)
+    hidden, cache, tapped = target.forward(params, cfg, tokens, positions, cache,
+                                           jnp.full((b,), start, jnp.int32), None, taps=taps,
+                                           kernels=kernels)
+    at = prompt_lens - 1 - start
+    here = jnp.take_along_axis(hidden, jnp.clip(at, 0, c - 1)[:, None, None], axis=1)
+    last = jnp.where(((at >= 0) & (at < c))[:, None, None], here, last)
+    return cache, last, tapped
+
+
+def prefill_carry(params, cfg: ModelConfig, batch: int, loop: Loop):
+    """What a prefill of `batch` prompts starts from, pass by pass (`prefill_pass`): an empty
+    cache of `loop.num_slots` slots and `last`."""
+    return (target.allocate_cache(cfg, batch, loop.num_slots, loop.cache_dtype),
+            _no_last(params, cfg, batch))
+
+
+def _no_last(params, cfg: ModelConfig, batch: int):
+    return jnp.zeros((batch, 1, cfg.hidden_size), params["embed"].dtype)
+
+
+def prefill_logits(params, cfg: ModelConfig, last, prompt_lens, cache: KVCache,
+                   kernels: Kernels = Kernels()):
+    """The end of a prefill: (logits [B, V] from `last` [B, 1, D], the cache holding the
+    prompts)."""
     logits = target.lm_head(params, cfg, last, kernels)[:, 0]
-    return logits, constrain_state(cache.replace(lengths=prompt_lens.astype(jnp.int32))), tapped
+    return logits, constrain_state(cache.replace(lengths=prompt_lens.astype(jnp.int32)))
 
 
-def _prefill_forward(params, cfg, prompt, cache, taps, kernels, chunk):
-    """(hidden [B, P, D], cache, taps or None). Past one chunk, the whole chunks run in a
+def _prefill_forward(params, cfg, prompt, prompt_lens, cache, taps, kernels, chunk):
+    """(cache, last hidden [B, 1, D], taps or None). Past one chunk, the whole chunks run in a
     `lax.scan` (one compiled copy of the model however long the prompt), then the remainder."""
     b, p = prompt.shape
+    last = _no_last(params, cfg, b)
+    run = functools.partial(prefill_pass, params, cfg, prompt_lens=prompt_lens, taps=taps,
+                            kernels=kernels)
 
-    def run(tokens, start, cache):
-        positions = start + jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32),
-                                             tokens.shape)
-        return target.forward(params, cfg, tokens, positions, cache,
-                              jnp.full((b,), start, jnp.int32), None, taps=taps,
-                              kernels=kernels)
-
-    def body(cache, j):
+    def body(carry, j):
         tokens = jax.lax.dynamic_slice_in_dim(prompt, j * chunk, chunk, axis=1)
-        hidden, cache, tapped = run(tokens, j * chunk, cache)
-        return cache, (hidden, tapped)
-
-    def unchunk(x):  # [whole, B, chunk, F] -> [B, whole * chunk, F]
-        return jnp.swapaxes(x, 0, 1).reshape(b, -1, x.shape[-1])
+        cache, last, tapped = run(tokens, j * chunk, cache=carry[0], last=carry[1])
+        return (cache, last), tapped
 
     whole = p // chunk if p > chunk else 0
-    parts = []  # (hidden, taps or None) per pass, in prompt order
+    parts = []  # taps per pass, in prompt order
     if whole:
-        cache, (hidden, tapped) = jax.lax.scan(body, cache, jnp.arange(whole, dtype=jnp.int32))
-        parts.append((unchunk(hidden), tapped if tapped is None else unchunk(tapped)))
+        (cache, last), tapped = jax.lax.scan(body, (cache, last),
+                                             jnp.arange(whole, dtype=jnp.int32))
+        # [whole, B, chunk, F] -> [B, whole * chunk, F]
+        parts.append(tapped if tapped is None else
+                     jnp.swapaxes(tapped, 0, 1).reshape(b, -1, tapped.shape[-1]))
     if whole * chunk < p:
-        hidden, cache, tapped = run(prompt[:, whole * chunk:], whole * chunk, cache)
-        parts.append((hidden, tapped))
-    if len(parts) == 1:
-        return parts[0][0], cache, parts[0][1]
-    hidden = jnp.concatenate([h for h, _ in parts], axis=1)
-    return hidden, cache, None if not taps else jnp.concatenate([t for _, t in parts], axis=1)
+        cache, last, tapped = run(prompt[:, whole * chunk:], whole * chunk, cache=cache,
+                                  last=last)
+        parts.append(tapped)
+    return cache, last, None if not taps else jnp.concatenate(parts, axis=1)
 
 
 @flax.struct.dataclass
@@ -155,15 +183,22 @@ def prefill_state(params, cfg: ModelConfig, prompt, prompt_lens, key,
                   sampler: Sampler | RowSampler, loop: Loop, *, taps=(), slack: int = 1):
     """Prefill and the first token, the start of both loops -> (ARState, the prompts' taps
     [B, P, k*D] or None). slack: output columns past max_new (a round may overshoot it)."""
-    b = prompt.shape[0]
-    cache = target.allocate_cache(cfg, b, loop.num_slots, loop.cache_dtype)
+    cache = target.allocate_cache(cfg, prompt.shape[0], loop.num_slots, loop.cache_dtype)
     logits, cache, prompt_taps = prefill(params, cfg, prompt, prompt_lens, cache, taps=taps,
                                          kernels=loop.kernels, chunk=loop.prefill_chunk)
+    return first_token(logits, cache, key, sampler, loop, slack=slack), prompt_taps
+
+
+def first_token(logits, cache: KVCache, key, sampler: Sampler | RowSampler, loop: Loop, *,
+                slack: int = 1) -> ARState:
+    """The state after a prefill: the first token chosen from the prompts' last logits
+    [B, V]."""
+    b = logits.shape[0]
     key, sub = split_key(key)
     first = choose_tokens(sub, logits, sampler)
     out = Output.empty(b, loop.max_new + slack).append(
         first[:, None], jnp.ones((b,), jnp.int32), loop.stop_ids, loop.max_new)
-    return ARState(cache=cache, out=out, last=first, key=key), prompt_taps
+    return ARState(cache=cache, out=out, last=first, key=key)
 
 
 def ar_continue(params, state: ARState, *, cfg: ModelConfig, sampler: Sampler | RowSampler,

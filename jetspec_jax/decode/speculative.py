@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jetspec_jax.decode import adaptive
 from jetspec_jax.decode.autoregressive import (
+    ARState,
     Output,
     check_capacity,
     loop_until_done,
@@ -101,10 +102,17 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, sta
 def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, prompt, prompt_lens, key,
                *, sampler: Sampler | RowSampler, loop: Loop) -> SpecState:
     """The autoregressive start (`prefill_state`: the target reads the prompts with taps and
-    picks the first token), then the draft context is filled with the prompts' taps."""
-    b = prompt.shape[0]
+    picks the first token), then `from_prefill`."""
     ar, prompt_taps = prefill_state(tparams, tcfg, prompt, prompt_lens, key, sampler, loop,
                                     taps=dcfg.tap_layers, slack=dcfg.block_size)
+    return from_prefill(ar, tparams, dparams, dcfg, prompt, prompt_lens, prompt_taps, loop)
+
+
+def from_prefill(ar: ARState, tparams, dparams, dcfg: HeadConfig, prompt, prompt_lens,
+                 prompt_taps, loop: Loop) -> SpecState:
+    """The speculative state of prefilled prompts (`ar`, its output with `dcfg.block_size`
+    slack): the draft context filled with the prompts' taps."""
+    b = prompt.shape[0]
     dcache, pending_taps, pending_count = drafters.of(dcfg).start(
         dparams, dcfg, tparams, prompt, prompt_lens, prompt_taps, num_slots=loop.num_slots,
         cache_dtype=loop.cache_dtype)

@@ -11,6 +11,7 @@ import hmac
 import json
 import threading
 import time
+from typing import Any
 
 import anyio
 import jinja2
@@ -71,10 +72,12 @@ class Text:
 
 
 def create_app(engine: Engine, model_name: str, *, max_body_bytes: int = MAX_BODY_BYTES,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None,
+               chat_template_kwargs: dict[str, Any] | None = None) -> FastAPI:
     """The routes over `engine`; request bodies past `max_body_bytes` are refused (413); with
     `api_key`, the /v1 routes answer only `Authorization: Bearer <api_key>` (else 401), while
-    /health and /metrics stay open to probes."""
+    /health and /metrics stay open to probes; `chat_template_kwargs`: the chat template's
+    variables for requests that do not set them (e.g. {"enable_thinking": False})."""
     app = FastAPI(title="JetSpec", docs_url=None, redoc_url=None)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(_bearer(api_key))] if api_key else [])
     tokenizer = engine.target.tokenizer
@@ -131,8 +134,9 @@ def create_app(engine: Engine, model_name: str, *, max_body_bytes: int = MAX_BOD
             raise BadRequest("messages", "messages: this model's tokenizer has no chat "
                              "template; use /v1/completions")
         try:
-            return body, tokenizer.apply_chat_template([m.model_dump() for m in body.messages],
-                                                       **body.chat_template_kwargs)
+            return body, tokenizer.apply_chat_template(
+                [m.model_dump() for m in body.messages],
+                **{**(chat_template_kwargs or {}), **body.chat_template_kwargs})
         except (TokenizerError, jinja2.TemplateError) as e:
             raise BadRequest("messages", f"messages: {e}") from None
 

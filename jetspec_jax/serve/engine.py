@@ -2,13 +2,17 @@
 all of them (the speculative or autoregressive state of `decode/`, ragged per row), and one
 background thread that runs the device loop.
 
-Active requests sit in slots 0..n-1. At each round boundary the thread admits queued requests
-into free slots (a jitted prefill of one sequence written into its slot), runs `chunk` rounds
-for the first `bucket(n)` slots in one compiled program (a few static slot counts, so compiles
-stay few; the tree budget may differ per count), reads back the new tokens, and evicts the
-finished, stopped and cancelled requests at once (the last active slot moves into the hole, so
-the active slots stay a prefix). Each request has its own sampling options and random stream
-(`RowSampler`), so its greedy tokens do not depend on its neighbours.
+Active requests sit in slots 0..n-1. At a round boundary with no prefill under way, the
+queued requests that fit the free slots start one prefill together (`Prefill`: their count
+padded to a slot bucket, their prompts right-padded). Between two device calls of rounds the
+thread runs one pass of at most `prefill_chunk` prompt tokens of that prefill, so a long prompt
+delays the running requests by one pass per call, not by its whole prefill; after the last pass
+the new requests' first tokens are chosen and their rows written into free slots. Then it runs
+`chunk` rounds for the first `bucket(n)` slots in one compiled program (a few static slot
+counts, so compiles stay few; the tree budget may differ per count), reads back the new tokens,
+and evicts the finished, stopped and cancelled requests at once (the last active slot moves
+into the hole, so the active slots stay a prefix). Each request has its own sampling options
+and random stream (`RowSampler`), so its greedy tokens do not depend on its neighbours.
 """
 
 from __future__ import annotations
@@ -27,15 +31,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetspec_jax import api
-from jetspec_jax.decode.autoregressive import ar_continue, prefill_state
+from jetspec_jax.decode.autoregressive import (ar_continue, first_token, prefill_carry,
+                                               prefill_logits, prefill_pass)
 from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import RowSampler
-from jetspec_jax.decode.speculative import init_state, spec_continue, working_slots
+from jetspec_jax.decode.speculative import from_prefill, spec_continue, working_slots
+from jetspec_jax.options import PREFILL_CHUNK
 from jetspec_jax.serve.metrics import Metrics
 
 log = logging.getLogger("jetspec.serve")
-# Prompts are padded to a multiple of this before their prefill: one compiled prefill per
-# multiple, so a server sees few compiles whatever its prompts.
+# A prefill pass is `prefill_chunk` tokens wide, or what is left rounded up to a multiple of
+# this: few compiled passes whatever the prompts.
 PREFILL_STEP = 64
 
 
@@ -54,9 +60,10 @@ class EngineConfig:
     slot_buckets: tuple[int, ...] | None = None  # active-slot counts compiled for; None: auto
     ngram: int | None = None  # context n-gram chain per tree, tokens at most
     #                           (`TreeSpec.ngram`); None: the head's default (`api.default_tree`)
+    prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per prefill pass between device calls
 
     def __post_init__(self):
-        for name in ("max_batch", "max_len", "max_queue"):
+        for name in ("max_batch", "max_len", "max_queue", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.chunk is not None and self.chunk < 1:
@@ -113,18 +120,34 @@ def _key(seed: int) -> jax.Array:
 _STATIC = ("tcfg", "dcfg", "loop")
 
 
-def _start(tparams, dparams, prompt, lens, key, rows, *, tcfg, dcfg, loop: Loop):
-    """The state of a batch after its prefill (speculative with a head, else autoregressive)."""
+@functools.partial(jax.jit, static_argnames=("tcfg", "taps", "kernels"),
+                   donate_argnames=("cache", "last"))
+def _pass(tparams, cache, last, tokens, start, lens, *, tcfg, taps, kernels):
+    """One prefill pass of a group of arrivals (`prefill_pass`)."""
+    return prefill_pass(tparams, tcfg, tokens, start, lens, cache, last, taps=taps,
+                        kernels=kernels)
+
+
+def _rows(tparams, dparams, cache, last, taps, prompt, lens, key, rows, *, tcfg, dcfg,
+          loop: Loop):
+    """The decoding state of prefilled rows (speculative with a head, else autoregressive):
+    their first tokens, and with a head the draft context of their taps (one [B, C, k*D] per
+    pass). prompt [B, S]: the prompts padded to the cache's slots."""
+    logits, cache = prefill_logits(tparams, tcfg, last, lens, cache, loop.kernels)
     if dcfg is None:
-        return prefill_state(tparams, tcfg, prompt, lens, key, rows, loop)[0]
-    return init_state(tparams, tcfg, dparams, dcfg, prompt, lens, key, sampler=rows, loop=loop)
+        return first_token(logits, cache, key, rows, loop)
+    ar = first_token(logits, cache, key, rows, loop, slack=dcfg.block_size)
+    return from_prefill(ar, tparams, dparams, dcfg, prompt, lens,
+                        jnp.concatenate(taps, axis=1) if taps else None, loop)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames="state")
-def _insert(tparams, dparams, state, slot, prompt, lens, key, rows, **static):
-    """Prefills one sequence (prompt [1, P]) and writes its state into row `slot`."""
-    one = _start(tparams, dparams, prompt, lens, key, rows, **static)
-    return jax.tree.map(lambda full, x: full.at[slot].set(x[0]), state, one)
+def _write_rows(tparams, dparams, state, cache, last, taps, prompt, lens, key, rows, slots,
+                **static):
+    """Writes the prefilled rows into rows `slots` of the state (a slot past the last one
+    drops its row: padding, or a request cancelled while it was prefilled)."""
+    new = _rows(tparams, dparams, cache, last, taps, prompt, lens, key, rows, **static)
+    return jax.tree.map(lambda full, x: full.at[slots].set(x, mode="drop"), state, new)
 
 
 @functools.partial(jax.jit, donate_argnames="state")
@@ -158,6 +181,31 @@ def _advance(tparams, dparams, state, rows, *, active, tcfg, dcfg, tree_spec, ch
 # ---- the engine ------------------------------------------------------------------------------
 
 
+def _greedy_rows(n: int) -> dict[str, np.ndarray]:
+    """The sampling options of n greedy rows, as `RowSampler`'s fields."""
+    return dict(temperature=np.zeros(n, np.float32), top_k=np.zeros(n, np.int32),
+                top_p=np.ones(n, np.float32))
+
+
+@dataclasses.dataclass(eq=False)
+class Prefill:
+    """Arrivals prefilled together, a pass at a time: their prompts [B, S] (B a slot bucket,
+    rows past the requests are padding), the cache and last hidden states carried between
+    passes, the taps of each pass, and how many prompt tokens have run."""
+
+    requests: list[Request]
+    prompt: np.ndarray
+    lens: np.ndarray
+    cache: object
+    last: jax.Array
+    taps: list = dataclasses.field(default_factory=list)
+    done: int = 0
+
+    @property
+    def longest(self) -> int:
+        return int(self.lens.max())
+
+
 class Engine:
     def __init__(self, target: api.Target, draft: api.Draft | None, config: EngineConfig,
                  metrics: Metrics | None = None):
@@ -185,7 +233,7 @@ class Engine:
             self.specs = {n: api.adaptive_spec(
                 target, draft, self.tparams, self.dparams,
                 jax.ShapeDtypeStruct((n, context), jnp.int32), opts.tree_spec,
-                kernels, None)[0] for n in self.buckets}
+                kernels, target.mesh)[0] for n in self.buckets}
         extra = 1 if draft is None else max(
             working_slots(s.budget, draft.dcfg.block_size)
             for s in self.specs.values())
@@ -194,10 +242,11 @@ class Engine:
             max_new=self.max_len, num_slots=self.num_slots, stop_ids=self.stop_ids,
             kernels=kernels, cache_dtype=jnp.dtype(target.dtype)))
         b = config.max_batch
-        self.rows = dict(temperature=np.zeros(b, np.float32), top_k=np.zeros(b, np.int32),
-                         top_p=np.ones(b, np.float32))
+        self.rows = _greedy_rows(b)
+        self.taps = () if draft is None else draft.dcfg.tap_layers  # what prefill passes keep
         self.state = self._empty_state()
         self.slots: list[Request] = []  # the active requests, slot i = index i
+        self.prefill: Prefill | None = None  # the arrivals being prefilled
         self.queue: collections.deque[Request] = collections.deque()
         self.wake = threading.Condition()
         self.running = False
@@ -237,8 +286,9 @@ class Engine:
 
     def start(self) -> None:
         """Compiles the round programs (one per active-slot bucket), then starts the thread."""
-        for n in self.buckets:
-            self.state, _ = self._run_round(n)
+        with api.on_mesh(self.target):
+            for n in self.buckets:
+                self.state, _ = self._run_round(n)
         self.running = True
         self.thread = threading.Thread(target=self._loop, name="jetspec-engine", daemon=True)
         self.thread.start()
@@ -254,16 +304,23 @@ class Engine:
 
     def _empty_state(self):
         b = self.config.max_batch
-        rows = RowSampler(**{k: jnp.asarray(v) for k, v in self.rows.items()})
-        shapes = jax.eval_shape(functools.partial(_start, **self.static),
-                                self.tparams, self.dparams, jax.ShapeDtypeStruct((b, 1), jnp.int32),
-                                jax.ShapeDtypeStruct((b,), jnp.int32),
-                                jax.random.split(jax.random.key(0), b), rows)
-        state = jax.tree.map(
-            lambda s: (jax.random.split(jax.random.key(0), s.shape[0])
-                       if jnp.issubdtype(s.dtype, jax.dtypes.prng_key)
-                       else jnp.zeros(s.shape, s.dtype)), shapes)
-        return state.replace(out=state.out.replace(done=jnp.ones((b,), bool)))
+        cache, last = jax.eval_shape(functools.partial(self._carry, b))
+        shape = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+        taps = (jax.ShapeDtypeStruct((b, 1, len(self.taps) * last.shape[-1]), last.dtype),
+                ) if self.taps else ()
+        shapes = jax.eval_shape(
+            functools.partial(_rows, **self.static), self.tparams, self.dparams, cache, last,
+            taps, shape(b, self.num_slots), shape(b), jax.random.split(jax.random.key(0), b),
+            self._row_sampler())
+
+        def zeros():
+            state = jax.tree.map(
+                lambda s: (jax.random.split(jax.random.key(0), s.shape[0])
+                           if jnp.issubdtype(s.dtype, jax.dtypes.prng_key)
+                           else jnp.zeros(s.shape, s.dtype)), shapes)
+            return state.replace(out=state.out.replace(done=jnp.ones((b,), bool)))
+
+        return api.zeros_on_mesh(zeros, self.target)
 
     def _row_sampler(self) -> RowSampler:
         return RowSampler(**{k: jnp.asarray(v) for k, v in self.rows.items()})
@@ -274,15 +331,27 @@ class Engine:
                         **self.static)
 
     def _loop(self) -> None:
+        with api.on_mesh(self.target):  # the programs are traced with the target's mesh
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             with self.wake:
-                while self.running and not self.queue and not self.slots:
+                while self.running and not (self.queue or self.slots or self.prefill):
                     self.wake.wait()
                 if not self.running:
                     break
-            try:
+            try:  # a failed prefill fails its requests only
                 self._admit()
-                self._gauge_slots()  # the rows this call decodes, while it runs
+                if self.prefill is not None:
+                    self._prefill_pass()
+            except Exception as e:  # noqa: BLE001
+                log.exception("prefill failed")
+                for r in self.prefill.requests if self.prefill else ():
+                    self._finish(r, None, f"prefill failed: {e}")
+                self.prefill = None
+            self._gauge_slots()  # the rows this call decodes, while it runs
+            try:
                 if self.slots:
                     self._step()
             except Exception as e:  # noqa: BLE001  a failed round fails its requests only
@@ -292,42 +361,89 @@ class Engine:
                 self.slots = []
                 self.state = self._empty_state()
             self._gauge_slots()
-        for r in [*self.slots, *self.queue]:
+        for r in [*self.slots, *(self.prefill.requests if self.prefill else ()), *self.queue]:
             self._finish(r, None, "the server is shutting down")
 
     def _gauge_slots(self) -> None:
         self.metrics.set("slots_active", len(self.slots))
+        self.metrics.set("prefilling", len(self.prefill.requests) if self.prefill else 0)
 
     def _admit(self) -> None:
-        while len(self.slots) < self.config.max_batch:
-            with self.wake:
-                if not self.queue:
-                    return
-                r = self.queue.popleft()
-                self.metrics.set("queue_depth", len(self.queue))
+        """Ends a prefill whose requests have all been cancelled; with no prefill under way,
+        starts one for the queued requests that fit the free slots."""
+        if self.prefill is not None and all(r.cancel_reason for r in self.prefill.requests):
+            dropped, self.prefill = self.prefill.requests, None
+            for r in dropped:
+                self._finish(r, r.cancel_reason, None)
+        if self.prefill is not None:
+            return
+        taken = []
+        with self.wake:
+            while self.queue and len(taken) < self.config.max_batch - len(self.slots):
+                taken.append(self.queue.popleft())
+            self.metrics.set("queue_depth", len(self.queue))
+        for r in taken:
             if r.cancel_reason is not None:
                 self._finish(r, r.cancel_reason, None)
+        if taken := [r for r in taken if r.cancel_reason is None]:
+            n = next(b for b in self.buckets if b >= len(taken))
+            prompt = np.full((n, self.num_slots), self.pad_id, np.int32)
+            lens = np.ones(n, np.int32)  # padding rows: one token
+            for i, r in enumerate(taken):
+                prompt[i, :len(r.ids)], lens[i] = r.ids, len(r.ids)
+            self.prefill = Prefill(taken, prompt, lens, *self._carry(n))
+
+    def _carry(self, n: int):
+        """The empty cache and last hidden states a prefill of n rows starts from."""
+        return api.zeros_on_mesh(functools.partial(
+            prefill_carry, self.tparams, self.target.cfg, n, self.static["loop"]), self.target)
+
+    def _prefill_pass(self) -> None:
+        """One pass of the prefill under way (`PREFILL_STEP`), within the cache; the last
+        one joins its requests."""
+        p = self.prefill
+        width = min(self.config.prefill_chunk, self.num_slots - p.done,
+                    -(-(p.longest - p.done) // PREFILL_STEP) * PREFILL_STEP)
+        p.cache, p.last, taps = _pass(
+            self.tparams, p.cache, p.last, jnp.asarray(p.prompt[:, p.done:p.done + width]),
+            jnp.int32(p.done), jnp.asarray(p.lens), tcfg=self.target.cfg, taps=self.taps,
+            kernels=self.static["loop"].kernels)
+        if taps is not None:
+            p.taps.append(taps)
+        p.done += width
+        self.metrics.count("prefill_tokens", width * len(p.lens))
+        if p.done >= p.longest:
+            self._join(p)
+            self.prefill = None
+
+    def _join(self, p: Prefill) -> None:
+        """The prefilled requests take the next free slots; one cancelled meanwhile ends
+        here (its row is dropped)."""
+        n = len(p.lens)
+        live = [r for r in p.requests if r.cancel_reason is None]
+        slots = np.full(n, self.config.max_batch, np.int32)  # past the last slot: dropped
+        rows = _greedy_rows(n)  # padding rows stay greedy
+        for i, r in enumerate(p.requests):
+            if r in live:
+                slots[i] = len(self.slots) + live.index(r)
+            for k, v in (("temperature", r.temperature), ("top_k", r.top_k), ("top_p", r.top_p)):
+                rows[k][i] = v
+        seeds = [r.seed if r.seed is not None else int.from_bytes(os.urandom(8), "little")
+                 for r in p.requests]
+        self.state = _write_rows(
+            self.tparams, self.dparams, self.state, p.cache, p.last, tuple(p.taps),
+            jnp.asarray(p.prompt), jnp.asarray(p.lens),
+            jnp.stack([_key(s) for s in seeds + [0] * (n - len(seeds))]),
+            RowSampler(**{k: jnp.asarray(v) for k, v in rows.items()}), jnp.asarray(slots),
+            **self.static)
+        for i, r in enumerate(p.requests):
+            if r not in live:
+                self._finish(r, r.cancel_reason, None)
                 continue
-            try:
-                self._insert(r, len(self.slots))
-            except Exception as e:  # noqa: BLE001  a request that cannot start fails alone
-                log.exception("prefill failed")
-                self._finish(r, None, f"prefill failed: {e}")
-                continue
+            for k, v in rows.items():
+                self.rows[k][slots[i]] = v[i]
             self.slots.append(r)
             self.metrics.count("prompt_tokens", len(r.ids))
-
-    def _insert(self, r: Request, slot: int) -> None:
-        width = min(-(-len(r.ids) // PREFILL_STEP) * PREFILL_STEP, self.max_len)
-        prompt = np.full((1, max(width, len(r.ids))), self.pad_id, np.int32)
-        prompt[0, :len(r.ids)] = r.ids
-        for k, v in (("temperature", r.temperature), ("top_k", r.top_k), ("top_p", r.top_p)):
-            self.rows[k][slot] = v
-        seed = r.seed if r.seed is not None else int.from_bytes(os.urandom(8), "little")
-        rows = RowSampler(**{k: jnp.asarray(v[slot:slot + 1]) for k, v in self.rows.items()})
-        self.state = _insert(self.tparams, self.dparams, self.state, jnp.int32(slot),
-                             jnp.asarray(prompt), jnp.asarray([len(r.ids)], jnp.int32),
-                             _key(seed)[None], rows, **self.static)
 
     def _step(self) -> None:
         n = len(self.slots)

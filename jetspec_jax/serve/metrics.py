@@ -9,12 +9,14 @@ HELP = {  # name -> (type, help)
     "requests": ("counter", "requests finished, by outcome (stop, length, cancelled, error)"),
     "rejected": ("counter", "requests refused before they were queued, by reason"),
     "prompt_tokens": ("counter", "prompt tokens prefilled"),
+    "prefill_tokens": ("counter", "tokens run through prefill passes, the padding included"),
     "generated_tokens": ("counter", "tokens generated"),
     "rounds": ("counter", "speculative rounds run, counted after each device call"),
     "accepted_tokens": ("counter", "tokens those rounds committed"),
     "round_tokens": ("gauge", "tokens committed per speculative round in the last device call"),
     "queue_depth": ("gauge", "requests waiting for a slot"),
     "slots_active": ("gauge", "batch slots holding a request, counted as they join and leave"),
+    "prefilling": ("gauge", "requests being prefilled, out of the queue and not yet in a slot"),
     "slots_total": ("gauge", "batch slots on the device"),
 }
 
