@@ -143,20 +143,22 @@ class ARState:
     key: jax.Array
 
 
-def ar_start(params, prompt, prompt_lens, key, *, cfg: ModelConfig, sampler: Sampler,
-             loop: Loop) -> ARState:
+def ar_start(params, prompt, prompt_lens, key, table=None, *, cfg: ModelConfig,
+             sampler: Sampler, loop: Loop) -> ARState:
     """Checks that the batch fits, then `prefill_state`."""
     check_capacity(prompt.shape[1], loop.max_new, 1, cfg.max_position_embeddings,
                    loop.num_slots)
-    return prefill_state(params, cfg, prompt, prompt_lens, key, sampler, loop)[0]
+    return prefill_state(params, cfg, prompt, prompt_lens, key, sampler, loop, table=table)[0]
 
 
 def prefill_state(params, cfg: ModelConfig, prompt, prompt_lens, key,
-                  sampler: Sampler | RowSampler, loop: Loop, *, taps=(), slack: int = 1):
+                  sampler: Sampler | RowSampler, loop: Loop, *, taps=(), slack: int = 1,
+                  table=None):
     """Prefill and the first token, the start of both loops -> (ARState, the prompts' taps
-    [B, P, k*D] or None). slack: output columns past max_new (a round may overshoot it)."""
+    [B, P, k*D] or None). slack: output columns past max_new (a round may overshoot it);
+    table: [B, num_slots / block_size] when loop.paging (`blocks.BlockAllocator.table`)."""
     b = prompt.shape[0]
-    cache = target.allocate_cache(cfg, b, loop.num_slots, loop.cache_dtype)
+    cache = target.allocate_cache(cfg, b, loop.num_slots, loop.cache_dtype, loop.paging, table)
     logits, cache, prompt_taps = prefill(params, cfg, prompt, prompt_lens, cache, taps=taps,
                                          kernels=loop.kernels, chunk=loop.prefill_chunk)
     key, sub = split_key(key)
@@ -182,10 +184,13 @@ def ar_continue(params, state: ARState, *, cfg: ModelConfig, sampler: Sampler | 
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampler", "loop"))
-def ar_generate(params, prompt, prompt_lens, key, *, cfg: ModelConfig, sampler: Sampler,
-                loop: Loop) -> Output:
-    """Autoregressive decoding of a right-padded batch; returns the generated tokens."""
-    state = ar_start(params, prompt, prompt_lens, key, cfg=cfg, sampler=sampler, loop=loop)
+def ar_generate(params, prompt, prompt_lens, key, table=None, *, cfg: ModelConfig,
+                sampler: Sampler, loop: Loop) -> Output:
+    """Autoregressive decoding of a right-padded batch; returns the generated tokens.
+    table: the paged cache's block table (loop.paging), each row's blocks holding at least
+    prompt + max_new + 1 slots."""
+    state = ar_start(params, prompt, prompt_lens, key, table, cfg=cfg, sampler=sampler,
+                     loop=loop)
     return ar_continue(params, state, cfg=cfg, sampler=sampler, loop=loop).out
 
 

@@ -1,0 +1,210 @@
+"""Paged KV caches: writes, reads and compaction through the block table equal the dense cache's;
+autoregressive and speculative decoding on a paged cache (blocks permuted in one shared pool)
+equal the dense outputs token for token; the block allocator's bookkeeping."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from helpers import loop_args, random_prompts, tiny_head, tiny_target
+from jetspec_jax.decode import streaming
+from jetspec_jax.decode.autoregressive import ar_generate
+from jetspec_jax.decode.loop import Loop
+from jetspec_jax.decode.sampling import Sampler
+from jetspec_jax.decode.speculative import TreeSpec, slots_ahead, spec_generate, working_slots
+from jetspec_jax.model.blocks import BlockAllocator, OutOfBlocks
+from jetspec_jax.model.cache import KVCache, Paging, compact, gather_slots, write_slots
+from jetspec_jax.model.kernels import Kernels
+from pallas_kernels.paged import NULL_BLOCK, Pages, logical
+from pallas_kernels.tree_attention import cache_attention
+
+B, K, H = 3, 2, 4
+
+
+def paged_copy(dense, table, num_blocks, rng):
+    """dense [B, K, S, H] laid out through table in a pool of num_blocks blocks; the blocks of
+    no row (NULL_BLOCK too) hold noise, so a read of them shows."""
+    b, k, s, h = dense.shape
+    m = table.shape[1]
+    pool = rng.normal(size=(num_blocks, k, s // m, h)).astype(np.float32)
+    pool[table] = dense.reshape(b, k, m, s // m, h).transpose(0, 2, 1, 3, 4)
+    return Pages(jnp.asarray(pool), jnp.asarray(table))
+
+
+def random_table(rng, batch, max_blocks, num_blocks):
+    """Every row's blocks distinct and scattered over the pool, NULL_BLOCK in none."""
+    return (1 + rng.permutation(num_blocks - 1)[:batch * max_blocks]).reshape(batch, max_blocks)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**16), block_size=st.sampled_from([1, 2, 4]),
+       max_blocks=st.integers(2, 3))
+def test_write_gather_compact_through_the_table_equal_dense(seed, block_size, max_blocks):
+    rng = np.random.default_rng(seed)
+    s = block_size * max_blocks
+    num_blocks = B * max_blocks + 3  # spare blocks no row holds
+    table = random_table(rng, B, max_blocks, num_blocks)
+    k, v = (rng.normal(size=(B, K, s, H)).astype(np.float32) for _ in range(2))
+    pk, pv = paged_copy(k, table, num_blocks, rng), paged_copy(v, table, num_blocks, rng)
+    np.testing.assert_array_equal(logical(pk), k)
+    spare = np.setdiff1d(np.arange(num_blocks), table)
+
+    t = int(rng.integers(1, s + 1))
+    start = jnp.asarray(rng.integers(0, s - t + 1, size=B), jnp.int32)
+    new = jnp.asarray(rng.normal(size=(B, t, K, H)), jnp.float32)
+    written = write_slots(pk, new, start)
+    np.testing.assert_array_equal(logical(written), write_slots(jnp.asarray(k), new, start))
+    np.testing.assert_array_equal(written.pool[spare], pk.pool[spare])  # no stray writes
+
+    slots = jnp.asarray(rng.integers(0, s, size=(B, t)), jnp.int32)
+    np.testing.assert_array_equal(gather_slots(pk, slots), gather_slots(jnp.asarray(k), slots))
+
+    lengths = jnp.asarray(rng.integers(0, s - t + 1, size=B), jnp.int32)
+    count = jnp.asarray(rng.integers(0, t + 1, size=B), jnp.int32)
+    dense = compact(KVCache(k=[jnp.asarray(k)], v=[jnp.asarray(v)], lengths=lengths), slots,
+                    lengths, count)
+    paged = compact(KVCache(k=[pk.pool], v=[pv.pool], lengths=lengths, table=pk.table), slots,
+                    lengths, count)
+    for d, p in zip(dense.layer(0), paged.layer(0)):
+        np.testing.assert_array_equal(logical(p), d)
+    np.testing.assert_array_equal(paged.lengths, dense.lengths)
+    np.testing.assert_array_equal(paged.table, table)
+
+
+def test_attention_reads_through_the_table_and_kernels_decline():
+    rng = np.random.default_rng(0)
+    table = random_table(rng, B, 3, 12)
+    k, v = (rng.normal(size=(B, K, 12, H)).astype(np.float32) for _ in range(2))
+    pk, pv = paged_copy(k, table, 12, rng), paged_copy(v, table, 12, rng)
+    q = jnp.asarray(rng.normal(size=(B, 3, 2 * K, H)), jnp.float32)
+    prefix = jnp.asarray([0, 5, 9], jnp.int32)
+    mask = jnp.asarray(rng.random((B, 3, 3)) < 0.5) | jnp.eye(3, dtype=bool)
+    want = cache_attention(q, jnp.asarray(k), jnp.asarray(v), prefix, mask, impl="reference")
+    got = cache_attention(q, pk, pv, prefix, mask, impl=("portable", "reference"),
+                          interpret=True)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    for impl, queries in (("portable", 3), ("decode", 1)):
+        with pytest.raises(NotImplementedError, match="paged"):
+            cache_attention(q[:, :queries], pk, pv, prefix, mask[:, :queries, :queries],
+                            impl=impl, interpret=True)
+
+
+# One tiny target and head, three ragged prompts; the pool is smaller than the dense caches.
+MAX_NEW, SLOTS, BLOCK = 16, 64, 4
+SPEC = TreeSpec(8, 3, "accum_logp", ngram=3)  # the text repeats: chains get accepted
+EXTRA = working_slots(SPEC.budget, 4)
+PAGING = Paging(BLOCK, 1 + B * SLOTS // BLOCK * 2 // 3)
+
+
+def model():
+    tcfg, tp = tiny_target("dense", seed=1, vocab=64)  # wide: argmax turns on small changes
+    dcfg, dp = tiny_head(tcfg, seed=7, block_size=4)
+    prompt, lens = random_prompts(np.random.default_rng(3), B, 7, tcfg.vocab_size)
+    return tcfg, tp, dcfg, dp, prompt, lens
+
+
+def scattered_table(lens, extra, seed):
+    """Each row's blocks for prompt + MAX_NEW + extra slots, taken a block at a time by rows
+    in a random order, so they interleave in the pool."""
+    alloc, rng = BlockAllocator(PAGING), np.random.default_rng(seed)
+    need = [int(n) + MAX_NEW + extra for n in lens]
+    while short := [b for b in range(B) if len(alloc.blocks(b)) * BLOCK < need[b]]:
+        b = short[rng.integers(len(short))]
+        alloc.grow(b, (len(alloc.blocks(b)) + 1) * BLOCK)
+    return alloc.table(range(B), SLOTS)
+
+
+def assert_same_tokens(a, b):
+    np.testing.assert_array_equal(a.num_tokens, b.num_tokens)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_paged_decoding_equals_dense():
+    tcfg, tp, dcfg, dp, prompt, lens = model()
+    key = jax.random.key(0)
+    dense = loop_args(max_new=MAX_NEW, num_slots=SLOTS)
+    # every kernel before the reference declines the paged cache (interpret mode on the CPU)
+    kernels = Kernels(("fused_decode", "decode", "portable", "reference"), interpret=True)
+    paged = loop_args(max_new=MAX_NEW, num_slots=SLOTS, paging=PAGING, kernels=kernels)
+    ar = ar_generate(tp, prompt, lens, key, cfg=tcfg, **dense)
+    ar_paged = ar_generate(tp, prompt, lens, key, scattered_table(lens, 1, 0), cfg=tcfg,
+                           **paged)
+    assert_same_tokens(ar_paged, ar)
+    spec = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=SPEC)
+    sd, stats = spec_generate(tp, dp, prompt, lens, key, **spec, **dense)
+    sd_paged, stats_paged = spec_generate(tp, dp, prompt, lens, key,
+                                          scattered_table(lens, EXTRA, 1), **spec, **paged)
+    assert_same_tokens(sd_paged, sd)
+    np.testing.assert_array_equal(stats_paged.accepted, stats.accepted)
+
+
+def test_rows_grow_and_free_blocks_between_streamed_rounds():
+    """The server's way: each chunk of rounds, rows grow to what the chunk may write
+    (`slots_ahead`) and finished rows give their blocks back; the text equals the dense run."""
+    tcfg, tp, dcfg, dp, prompt, lens = model()
+    key, rounds = jax.random.key(0), 2
+    spec = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=SPEC)
+    sd, _ = spec_generate(tp, dp, prompt, lens, key, **spec,
+                          **loop_args(max_new=MAX_NEW, num_slots=SLOTS))
+    steps = streaming.spec_steps(tcfg, dcfg, SPEC, loop=Loop(MAX_NEW, SLOTS, paging=PAGING),
+                                 sampler=Sampler(), chunk=rounds)
+    alloc = BlockAllocator(PAGING)
+    ahead = slots_ahead(SPEC.budget, dcfg.block_size, rounds)
+    for b in range(B):
+        alloc.grow(b, int(lens[b]) + ahead)
+    state = steps.start(tp, dp, prompt, lens, key, alloc.table(range(B), SLOTS),
+                        **steps.start_static)
+    while not np.all(state.out.done):
+        for b, (n, done) in enumerate(zip(np.asarray(state.cache.lengths),
+                                          np.asarray(state.out.done))):
+            alloc.free(b) if done else alloc.grow(b, int(n) + ahead)
+        state = state.replace(cache=state.cache.replace(
+            table=jnp.asarray(alloc.table(range(B), SLOTS))))
+        state = steps.advance(tp, dp, state, **steps.advance_static)
+    assert_same_tokens(state.out, sd)
+
+
+def test_allocator_gives_each_block_once_and_takes_all_back():
+    paging = Paging(block_size=4, num_blocks=9)
+    alloc = BlockAllocator(paging)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        row = int(rng.integers(0, 4))
+        if rng.random() < 0.3:
+            alloc.free(row)
+        else:
+            try:
+                alloc.grow(row, int(rng.integers(0, 20)))
+            except OutOfBlocks:
+                pass
+        held = [blk for r in range(4) for blk in alloc.blocks(r)]
+        assert len(held) == len(set(held)) and NULL_BLOCK not in held
+        assert len(held) + alloc.num_free == paging.num_blocks - 1
+    for r in range(4):
+        alloc.free(r)
+    alloc.grow("one row", (paging.num_blocks - 1) * paging.block_size)  # all of them, again
+    assert sorted(alloc.blocks("one row")) == list(range(1, paging.num_blocks))
+
+
+def test_exhausted_pool_raises_and_gives_nothing():
+    alloc = BlockAllocator(Paging(block_size=4, num_blocks=4))
+    alloc.grow("a", 8)
+    with pytest.raises(OutOfBlocks, match="needs 2 more blocks .* 1 of the pool's 3 are free"):
+        alloc.grow("b", 5)
+    assert alloc.num_free == 1 and alloc.blocks("b") == ()
+    alloc.grow("a", 3)  # already held: nothing more
+    assert len(alloc.blocks("a")) == 2
+    table = alloc.table(["a", "b"], 16)
+    np.testing.assert_array_equal(table, [[*alloc.blocks("a"), NULL_BLOCK, NULL_BLOCK],
+                                          [NULL_BLOCK] * 4])
+    with pytest.raises(ValueError, match="room for 1"):
+        alloc.table(["a"], 4)
+
+
+def test_paged_shapes_are_checked():
+    with pytest.raises(ValueError, match="not a whole number of blocks"):
+        Loop(max_new=4, num_slots=10, paging=Paging(4, 8))
+    with pytest.raises(ValueError, match="block table"):
+        KVCache.allocate(1, B, K, 16, H, jnp.float32, Paging(4, 8), np.zeros((B, 3), np.int32))
