@@ -174,13 +174,13 @@ def kernel_dot(a, b, *, trans_b: bool = False, precision=None, upcast: bool = Fa
     return pltr.dot(a, b, trans_b=trans_b, precision=precision)
 
 
-def load_rows(ref, start, size, width, head_ok, row_ok, col: int = 0):
-    """Loads ref[start:start+size, col:col+width] in a Triton-lowered kernel; rows where row_ok
-    is False and columns where head_ok is False (head-dim padding) read as zero."""
+def load_rows(ref, start, size, width, head_ok, row_ok, col: int = 0, lead: tuple = ()):
+    """Loads ref[*lead, start:start+size, col:col+width] in a Triton-lowered kernel; rows where
+    row_ok is False and columns where head_ok is False (head-dim padding) read as zero."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pltr
 
-    idx = (pl.ds(start, size), pl.ds(col, width))
+    idx = (*lead, pl.ds(start, size), pl.ds(col, width))
     mask = head_ok
     if row_ok is not None:
         mask = row_ok[:, None] if mask is None else (row_ok[:, None] & mask)

@@ -17,6 +17,8 @@ from jetspec_jax.decode.speculative import TreeSpec, slots_ahead, spec_generate,
 from jetspec_jax.model.blocks import BlockAllocator, OutOfBlocks
 from jetspec_jax.model.cache import KVCache, Paging, compact, gather_slots, write_slots
 from jetspec_jax.model.kernels import Kernels
+from pallas_kernels.decode_attention import decode_attention
+from pallas_kernels.decode_attention.config import DecodeConfig
 from pallas_kernels.paged import NULL_BLOCK, Pages, logical
 from pallas_kernels.tree_attention import cache_attention
 
@@ -73,22 +75,54 @@ def test_write_gather_compact_through_the_table_equal_dense(seed, block_size, ma
     np.testing.assert_array_equal(paged.table, table)
 
 
-def test_attention_reads_through_the_table_and_kernels_decline():
-    rng = np.random.default_rng(0)
-    table = random_table(rng, B, 3, 12)
-    k, v = (rng.normal(size=(B, K, 12, H)).astype(np.float32) for _ in range(2))
-    pk, pv = paged_copy(k, table, 12, rng), paged_copy(v, table, 12, rng)
-    q = jnp.asarray(rng.normal(size=(B, 3, 2 * K, H)), jnp.float32)
-    prefix = jnp.asarray([0, 5, 9], jnp.int32)
-    mask = jnp.asarray(rng.random((B, 3, 3)) < 0.5) | jnp.eye(3, dtype=bool)
-    want = cache_attention(q, jnp.asarray(k), jnp.asarray(v), prefix, mask, impl="reference")
-    got = cache_attention(q, pk, pv, prefix, mask, impl=("portable", "reference"),
+def paged_inputs(seed, block_size, max_blocks, queries, poison=np.nan):
+    """q [B, T, N, H], dense caches, the same paged in a shared pool with poison in the
+    blocks of no row and in the slots past each row's prefix + T, and the prefix lengths."""
+    rng = np.random.default_rng(seed)
+    s, num_blocks = block_size * max_blocks, B * max_blocks + 2
+    table = random_table(rng, B, max_blocks, num_blocks)
+    prefix = np.array([0, s // 2, s - queries])
+    past = np.arange(s)[None, None, :, None] >= (prefix + queries)[:, None, None, None]
+    dense = [rng.normal(size=(B, K, s, H)).astype(np.float32) for _ in range(2)]
+    pages = [paged_copy(np.where(past, poison, x), table, num_blocks, rng) for x in dense]
+    spare = np.setdiff1d(np.arange(num_blocks), table)
+    pages = [Pages(p.pool.at[spare].set(poison), p.table) for p in pages]
+    q = jnp.asarray(rng.normal(size=(B, queries, 2 * K, H)), jnp.float32)
+    return q, [jnp.asarray(x) for x in dense], pages, jnp.asarray(prefix, jnp.int32)
+
+
+def test_tree_attention_reads_through_the_table_and_tree_kernels_decline():
+    q, dense, pages, prefix = paged_inputs(0, 4, 3, 3, poison=1e4)
+    mask = jnp.asarray(np.random.default_rng(1).random((B, 3, 3)) < 0.5) | jnp.eye(3, dtype=bool)
+    want = cache_attention(q, *dense, prefix, mask, impl="reference")
+    got = cache_attention(q, *pages, prefix, mask, impl=("portable", "hopper", "reference"),
                           interpret=True)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-    for impl, queries in (("portable", 3), ("decode", 1)):
+    for impl in ("portable", "hopper"):
         with pytest.raises(NotImplementedError, match="paged"):
-            cache_attention(q[:, :queries], pk, pv, prefix, mask[:, :queries, :queries],
-                            impl=impl, interpret=True)
+            cache_attention(q, *pages, prefix, mask, impl=impl, interpret=True)
+
+
+@pytest.mark.parametrize("block_size,max_blocks,block_k,splits", [
+    (16, 5, 16, 1), (16, 5, 16, 3), (32, 3, 16, None), (8, 4, 64, 2)])
+def test_decode_kernel_reads_blocks_through_the_table(block_size, max_blocks, block_k, splits):
+    """The split-K kernel (interpret mode) on a paged cache equals the reference on the dense
+    one; it never reads the NaN-poisoned blocks of no row or slots past the prefix."""
+    q, dense, pages, prefix = paged_inputs(block_size, block_size, max_blocks, 1)
+    want = decode_attention(q, *dense, prefix, impl="reference")
+    got = decode_attention(q, *pages, prefix, impl="splitk", interpret=True,
+                           config=DecodeConfig(block_k=block_k, num_splits=splits))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_paged_decode_kernel_lowers_for_gpu():
+    from pallas_kernels.decode_attention.kernel import decode_attention as splitk_kernel
+    from pallas_kernels.lowering_check import lower_for_gpu
+
+    q = jnp.zeros((8, 1, 32, 128), jnp.bfloat16)
+    pages = Pages(jnp.zeros((600, 8, 64, 128), jnp.bfloat16), jnp.zeros((8, 64), jnp.int32))
+    assert "custom_call" in lower_for_gpu(splitk_kernel, q, pages, pages,
+                                          jnp.zeros((8,), jnp.int32))
 
 
 # One tiny target and head, three ragged prompts; the pool is smaller than the dense caches.
@@ -125,12 +159,13 @@ def test_paged_decoding_equals_dense():
     tcfg, tp, dcfg, dp, prompt, lens = model()
     key = jax.random.key(0)
     dense = loop_args(max_new=MAX_NEW, num_slots=SLOTS)
-    # every kernel before the reference declines the paged cache (interpret mode on the CPU)
-    kernels = Kernels(("fused_decode", "decode", "portable", "reference"), interpret=True)
-    paged = loop_args(max_new=MAX_NEW, num_slots=SLOTS, paging=PAGING, kernels=kernels)
+    paged = loop_args(max_new=MAX_NEW, num_slots=SLOTS, paging=PAGING)
+    # the fused decode kernel declines the paged cache (it writes dense rows in place)
+    kernels = Kernels(("fused_decode", "reference"), interpret=True)
     ar = ar_generate(tp, prompt, lens, key, cfg=tcfg, **dense)
     ar_paged = ar_generate(tp, prompt, lens, key, scattered_table(lens, 1, 0), cfg=tcfg,
-                           **paged)
+                           **loop_args(max_new=MAX_NEW, num_slots=SLOTS, paging=PAGING,
+                                       kernels=kernels))
     assert_same_tokens(ar_paged, ar)
     spec = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=SPEC)
     sd, stats = spec_generate(tp, dp, prompt, lens, key, **spec, **dense)

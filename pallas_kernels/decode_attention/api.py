@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pallas_kernels import common, dispatch, paged
+from pallas_kernels import common, dispatch
 from pallas_kernels.decode_attention.reference import decode_attention_reference
 
 DEFAULT = ("splitk", "reference")
@@ -21,7 +21,6 @@ def _splitk(q, k_cache, v_cache, prefix_len, *, interpret, config):
     from pallas_kernels.decode_attention.kernel import decode_attention as kernel
 
     common.require_gpu("split-K decode kernel", interpret)
-    paged.refuse(k_cache, "split-K decode kernel")
     return kernel(q, k_cache, v_cache, prefix_len, config=config, interpret=interpret)
 
 
@@ -36,9 +35,9 @@ IMPLEMENTATIONS = {"splitk": _splitk, "reference": _reference}
 def decode_attention(q, k_cache, v_cache, prefix_len, *,
                      impl: str | Sequence[str] | None = None, interpret: bool = False,
                      config=None):
-    """q [B, 1, N, H]; k_cache, v_cache [B, K, S, H] (or `paged.Pages`: the reference only);
-    prefix_len [B] -> [B, 1, N, H]: the query attends to slots [0, prefix_len]. config: the
-    kernel's `DecodeConfig`."""
+    """q [B, 1, N, H]; k_cache, v_cache [B, K, S, H] or `paged.Pages`; prefix_len [B] ->
+    [B, 1, N, H]: the query attends to slots [0, prefix_len]. config: the kernel's
+    `DecodeConfig`."""
     return dispatch.run("decode attention", DEFAULT if impl is None else impl,
                         IMPLEMENTATIONS, q, k_cache, v_cache, prefix_len,
                         interpret=interpret, config=config)
