@@ -21,6 +21,7 @@ from pallas_kernels.decode_attention import decode_attention
 from pallas_kernels.decode_attention.config import DecodeConfig
 from pallas_kernels.paged import NULL_BLOCK, Pages, logical
 from pallas_kernels.tree_attention import cache_attention
+from pallas_kernels.tree_attention.config import PortableConfig
 
 B, K, H = 3, 2, 4
 
@@ -81,7 +82,7 @@ def paged_inputs(seed, block_size, max_blocks, queries, poison=np.nan):
     rng = np.random.default_rng(seed)
     s, num_blocks = block_size * max_blocks, B * max_blocks + 2
     table = random_table(rng, B, max_blocks, num_blocks)
-    prefix = np.array([0, s // 2, s - queries])
+    prefix = np.array([0, (s - queries) // 2, s - queries])
     past = np.arange(s)[None, None, :, None] >= (prefix + queries)[:, None, None, None]
     dense = [rng.normal(size=(B, K, s, H)).astype(np.float32) for _ in range(2)]
     pages = [paged_copy(np.where(past, poison, x), table, num_blocks, rng) for x in dense]
@@ -91,16 +92,28 @@ def paged_inputs(seed, block_size, max_blocks, queries, poison=np.nan):
     return q, [jnp.asarray(x) for x in dense], pages, jnp.asarray(prefix, jnp.int32)
 
 
-def test_tree_attention_reads_through_the_table_and_tree_kernels_decline():
-    q, dense, pages, prefix = paged_inputs(0, 4, 3, 3, poison=1e4)
-    mask = jnp.asarray(np.random.default_rng(1).random((B, 3, 3)) < 0.5) | jnp.eye(3, dtype=bool)
+@pytest.mark.parametrize("block_size,max_blocks,queries,tree,splits", [
+    (4, 3, 3, True, None), (16, 4, 5, True, 2), (16, 4, 40, False, 1), (32, 3, 7, True, 3)])
+def test_tree_attention_reads_blocks_through_the_table(block_size, max_blocks, queries, tree,
+                                                       splits):
+    """The reference and the portable kernel (interpret mode) on a paged cache equal the
+    reference on the dense one (tree mask or causal; block keys crossing blocks); the portable
+    kernel never reads the NaN-poisoned blocks of no row or slots past the block keys; the
+    Hopper kernel declines."""
+    q, dense, pages, prefix = paged_inputs(block_size, block_size, max_blocks, queries)
+    mask = None
+    if tree:
+        mask = jnp.asarray(np.random.default_rng(1).random((B, queries, queries)) < 0.5)
+        mask = jnp.tril(mask | jnp.eye(queries, dtype=bool))
     want = cache_attention(q, *dense, prefix, mask, impl="reference")
-    got = cache_attention(q, *pages, prefix, mask, impl=("portable", "hopper", "reference"),
-                          interpret=True)
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-    for impl in ("portable", "hopper"):
-        with pytest.raises(NotImplementedError, match="paged"):
-            cache_attention(q, *pages, prefix, mask, impl=impl, interpret=True)
+    clean = [Pages(jnp.nan_to_num(p.pool), p.table) for p in pages]  # the reference's 0 * NaN
+    np.testing.assert_allclose(cache_attention(q, *clean, prefix, mask, impl="reference"),
+                               want, rtol=1e-6, atol=1e-6)
+    got = cache_attention(q, *pages, prefix, mask, impl=("hopper", "portable"), interpret=True,
+                          config=PortableConfig(block_q=16, block_k=16, num_splits=splits))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(NotImplementedError, match="paged"):
+        cache_attention(q, *pages, prefix, mask, impl="hopper", interpret=True)
 
 
 @pytest.mark.parametrize("block_size,max_blocks,block_k,splits", [
@@ -115,14 +128,20 @@ def test_decode_kernel_reads_blocks_through_the_table(block_size, max_blocks, bl
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_paged_decode_kernel_lowers_for_gpu():
+@pytest.mark.parametrize("queries", [1, 64])
+def test_paged_kernels_lower_for_gpu(queries):
+    """The split-K decode kernel (one query) and the portable tree kernel (a tree mask) on a
+    paged bfloat16 cache lower for an H200."""
     from pallas_kernels.decode_attention.kernel import decode_attention as splitk_kernel
     from pallas_kernels.lowering_check import lower_for_gpu
+    from pallas_kernels.tree_attention.portable import cache_attention_portable
 
-    q = jnp.zeros((8, 1, 32, 128), jnp.bfloat16)
+    q = jnp.zeros((8, queries, 32, 128), jnp.bfloat16)
     pages = Pages(jnp.zeros((600, 8, 64, 128), jnp.bfloat16), jnp.zeros((8, 64), jnp.int32))
-    assert "custom_call" in lower_for_gpu(splitk_kernel, q, pages, pages,
-                                          jnp.zeros((8,), jnp.int32))
+    args = (q, pages, pages, jnp.zeros((8,), jnp.int32))
+    text = lower_for_gpu(splitk_kernel, *args) if queries == 1 else \
+        lower_for_gpu(cache_attention_portable, *args, jnp.ones((8, queries, queries), bool))
+    assert "custom_call" in text
 
 
 # One tiny target and head, three ragged prompts; the pool is smaller than the dense caches.

@@ -104,12 +104,6 @@ def attend_slots(state, q_parts, k_ref, v_ref, start, n, *, layout: HeadLayout, 
     read through table_ref [max_blocks], start a multiple of block_k."""
     part_ok, value_ok = layout.part_ok(), layout.value_ok()
 
-    def at(pos):  # (leading index, row) of slot pos
-        if table_ref is None:
-            return (), pos
-        page = k_ref.shape[1]
-        return (table_ref[lax.div(pos, page)],), lax.rem(pos, page)
-
     def scores(lead, row, row_ok):
         s = None
         for q, col in zip(q_parts, layout.part_starts):
@@ -123,7 +117,7 @@ def attend_slots(state, q_parts, k_ref, v_ref, start, n, *, layout: HeadLayout, 
         acc, m_i, l_i = carry
         pos = start + i * block_k
         row_ok = (i * block_k + lax.iota(jnp.int32, block_k) < n) if masked else None
-        lead, row = at(pos)
+        lead, row = common.block_row(k_ref, table_ref, pos)
         s = scores(lead, row, row_ok)
         if masked:
             s = jnp.where(row_ok[None, :], s, -jnp.inf)
@@ -205,28 +199,6 @@ def supported(q, kv_heads: int) -> str | None:
     return None
 
 
-def _cache_operands(k_cache, v_cache, block_k: int, hp: int, interpret: bool):
-    """(block_k, operands, their BlockSpecs) of the cache for the grid (b, h, s): a dense
-    cache [B, K, S, H] gives each program its row and KV head; `Pages` its KV head of the
-    pools and its row of the table, block_k cut to a divisor of the block size."""
-    if not isinstance(k_cache, Pages):
-        s = k_cache.shape[2]
-        if s < block_k:  # tiny cache: pad it so that every (masked) block load stays in bounds
-            pad = ((0, 0), (0, 0), (0, block_k - s), (0, 0))
-            k_cache, v_cache, s = jnp.pad(k_cache, pad), jnp.pad(v_cache, pad), block_k
-        spec = pl.BlockSpec((None, None, s, hp), lambda bi, hi, si: (bi, hi, 0, 0))
-        return block_k, (k_cache, v_cache), [spec, spec]
-    num_blocks, _, size, _ = k_cache.pool.shape
-    block_k = min(block_k, size)
-    if size % block_k or (block_k < 16 and not interpret):
-        raise NotImplementedError(f"decode attention: blocks of {size} slots are not whole "
-                                  f"steps of >= 16 slots")
-    table = k_cache.table
-    pool = pl.BlockSpec((num_blocks, None, size, hp), lambda bi, hi, si: (0, hi, 0, 0))
-    return block_k, (k_cache.pool, v_cache.pool, table), [
-        pool, pool, pl.BlockSpec((None, table.shape[1]), lambda bi, hi, si: (bi, 0))]
-
-
 @functools.partial(jax.jit, static_argnames=("config", "interpret"))
 def decode_attention(q, k_cache, v_cache, prefix_len, block_mask=None, *,
                      config: DecodeConfig | None = None, interpret: bool = False):
@@ -242,7 +214,8 @@ def decode_attention(q, k_cache, v_cache, prefix_len, block_mask=None, *,
     cfg, bh, ns = launch_shape(q, kh, k_cache.num_slots if paged else k_cache.shape[2], config)
     layout = HeadLayout.whole(h)
     hp = layout.value_width
-    block_k, cache, cache_specs = _cache_operands(k_cache, v_cache, cfg.block_k, hp, interpret)
+    block_k, cache, cache_specs = common.cache_operands(
+        k_cache, v_cache, cfg.block_k, cfg.block_k, hp, interpret, "decode attention")
 
     qr = common.pack_rows(q, kh, bh, hp)  # [B, K, bh, hp]
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None

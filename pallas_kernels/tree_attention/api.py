@@ -31,7 +31,6 @@ def _portable(q, k_cache, v_cache, prefix_len, block_mask, *, interpret, config)
     from pallas_kernels.tree_attention.portable import cache_attention_portable
 
     common.require_gpu("portable tree-attention kernel", interpret)
-    paged.refuse(k_cache, "portable tree-attention kernel")
     return cache_attention_portable(q, k_cache, v_cache, prefix_len, block_mask, config=config,
                                     interpret=interpret)
 
