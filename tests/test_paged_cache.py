@@ -1,12 +1,15 @@
-"""Paged KV caches: writes, reads and compaction through the block table equal the dense cache's;
-autoregressive and speculative decoding on a paged cache (blocks permuted in one shared pool)
-equal the dense outputs token for token; the block allocator's bookkeeping."""
+"""Paged KV caches: writes, reads, compaction and attention (the references and the Pallas
+kernels in interpret mode) through the block table equal the dense cache's; autoregressive
+and speculative decoding on a paged cache (blocks scattered over one shared pool, grown and
+freed between streamed rounds, laid out by `api.generate`) equal the dense outputs token for
+token; the block allocator's bookkeeping."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from jax.sharding import PartitionSpec
 
 from helpers import loop_args, random_prompts, tiny_head, tiny_target
 from jetspec_jax import api
@@ -18,6 +21,7 @@ from jetspec_jax.decode.speculative import TreeSpec, slots_ahead, spec_generate,
 from jetspec_jax.model.blocks import BlockAllocator, OutOfBlocks
 from jetspec_jax.model.cache import KVCache, Paging, compact, gather_slots, write_slots
 from jetspec_jax.model.kernels import Kernels
+from jetspec_jax.model.sharding import state_specs
 from pallas_kernels.decode_attention import decode_attention
 from pallas_kernels.decode_attention.config import DecodeConfig
 from pallas_kernels.paged import NULL_BLOCK, Pages, logical
@@ -278,3 +282,10 @@ def test_generate_pages_the_batch_by_each_prompts_length():
     assert api.generate(target, prompts, kv_block_size=BLOCK, **kw).tokens == dense.tokens
     with pytest.raises(ValueError, match="kv_block_size"):
         api.generate(target, prompts, kv_block_size=0, **kw)
+
+
+def test_paged_state_shards_the_pools_by_kv_head():
+    cache = KVCache.allocate(2, B, 4, 16, H, jnp.float32, Paging(4, 9), np.zeros((B, 4)))
+    specs = state_specs(cache, {"tp": 2})
+    assert specs.k[1] == specs.v[0] == PartitionSpec(None, "tp", None, None)
+    assert specs.table == PartitionSpec() and cache.num_slots == 16
