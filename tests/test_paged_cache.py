@@ -199,30 +199,36 @@ def test_paged_decoding_equals_dense():
     np.testing.assert_array_equal(stats_paged.accepted, stats.accepted)
 
 
-def test_rows_grow_and_free_blocks_between_streamed_rounds():
-    """The server's way: each chunk of rounds, rows grow to what the chunk may write
-    (`slots_ahead`) and finished rows give their blocks back; the text equals the dense run."""
+@pytest.mark.parametrize("rounds", [2, None])
+def test_rows_grow_and_free_blocks_between_streamed_rounds(rounds):
+    """The server's way: between chunks of rounds, rows grow to what the next rounds may write
+    (`slots_ahead`) and finished rows give their blocks back; a chunk also stops early when an
+    unfinished row's blocks cannot hold the next round (rounds None: only then). The text
+    equals the dense run."""
     tcfg, tp, dcfg, dp, prompt, lens = model()
-    key, rounds = jax.random.key(0), 2
+    key, ahead = jax.random.key(0), slots_ahead(SPEC.budget, dcfg.block_size, 2)
     spec = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=SPEC)
     sd, _ = spec_generate(tp, dp, prompt, lens, key, **spec,
                           **loop_args(max_new=MAX_NEW, num_slots=SLOTS))
     steps = streaming.spec_steps(tcfg, dcfg, SPEC, loop=Loop(MAX_NEW, SLOTS, paging=PAGING),
-                                 sampler=Sampler(), chunk=rounds)
+                                 sampler=Sampler(), chunk=rounds or MAX_NEW)
     alloc = BlockAllocator(PAGING)
-    ahead = slots_ahead(SPEC.budget, dcfg.block_size, rounds)
     for b in range(B):
         alloc.grow(b, int(lens[b]) + ahead)
     state = steps.start(tp, dp, prompt, lens, key, alloc.table(range(B), SLOTS),
                         **steps.start_static)
+    calls = 0
     while not np.all(state.out.done):
-        for b, (n, done) in enumerate(zip(np.asarray(state.cache.lengths),
-                                          np.asarray(state.out.done))):
+        lengths = np.asarray(state.cache.lengths)
+        for b, (n, done) in enumerate(zip(lengths, np.asarray(state.out.done))):
             alloc.free(b) if done else alloc.grow(b, int(n) + ahead)
         state = state.replace(cache=state.cache.replace(
             table=jnp.asarray(alloc.table(range(B), SLOTS))))
         state = steps.advance(tp, dp, state, **steps.advance_static)
+        assert np.any(np.asarray(state.cache.lengths) > lengths)  # every chunk gets on
+        calls += 1
     assert_same_tokens(state.out, sd)
+    assert calls > 2  # 2 rounds of blocks at a time: more chunks than one
 
 
 def test_allocator_gives_each_block_once_and_takes_all_back():
@@ -289,3 +295,12 @@ def test_paged_state_shards_the_pools_by_kv_head():
     specs = state_specs(cache, {"tp": 2})
     assert specs.k[1] == specs.v[0] == PartitionSpec(None, "tp", None, None)
     assert specs.table == PartitionSpec() and cache.num_slots == 16
+
+
+def test_has_room_counts_the_blocks_a_row_holds():
+    table = np.array([[3, 5, NULL_BLOCK, NULL_BLOCK], [1, 2, 4, 6]])
+    cache = KVCache.allocate(1, 2, K, 16, H, jnp.float32, Paging(4, 7), table).replace(
+        lengths=jnp.asarray([5, 13], jnp.int32))
+    assert cache.has_room(3).tolist() == [True, True]  # slots 5..7 and 13..15
+    assert cache.has_room(4).tolist() == [False, False]  # one past each row's blocks
+    assert KVCache.allocate(1, 2, K, 16, H, jnp.float32).has_room(100) is None

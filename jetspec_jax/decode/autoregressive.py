@@ -123,13 +123,19 @@ def check_capacity(prompt_len: int, max_new: int, extra: int, limit: int, num_sl
     return need
 
 
-def loop_until_done(body, state, max_iters: int | None = None):
+def loop_until_done(body, state, max_iters: int | None = None, extra: int = 1):
     """body applied while some sequence of state.out is unfinished, at most max_iters times
     (None: no limit). One `lax.while_loop`: the whole generation (or one streamed chunk of it)
-    stays on device."""
+    stays on device. Paged, it also stops before a step that an unfinished row's blocks cannot
+    hold (`KVCache.has_room(extra)`): the host gives the row more and continues."""
+
+    def go(s):
+        more, room = ~jnp.all(s.out.done), s.cache.has_room(extra)
+        return more if room is None else more & jnp.all(room | s.out.done)
+
     if max_iters is None:
-        return jax.lax.while_loop(lambda s: ~jnp.all(s.out.done), body, state)
-    state, _ = jax.lax.while_loop(lambda c: ~jnp.all(c[0].out.done) & (c[1] < max_iters),
+        return jax.lax.while_loop(go, body, state)
+    state, _ = jax.lax.while_loop(lambda c: go(c[0]) & (c[1] < max_iters),
                                   lambda c: (body(c[0]), c[1] + 1), (state, jnp.int32(0)))
     return state
 

@@ -142,7 +142,8 @@ def spec_continue(tparams, dparams, state: SpecState, *, tcfg: ModelConfig, dcfg
     round_fn = functools.partial(speculative_round, tparams, tcfg, dparams, dcfg,
                                  tree_spec=tree_spec, sampler=sampler, loop=loop)
     # The carry's caches stay sharded by KV head on a mesh (no-op without one).
-    return loop_until_done(lambda s: constrain_state(round_fn(s)), state, max_rounds)
+    return loop_until_done(lambda s: constrain_state(round_fn(s)), state, max_rounds,
+                           working_slots(tree_spec.budget, dcfg.block_size))
 
 
 @functools.partial(jax.jit, static_argnames=("tcfg", "dcfg", "tree_spec", "sampler", "loop"))

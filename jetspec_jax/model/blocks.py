@@ -2,9 +2,10 @@
 free list as their length grows and give them all back when they finish, so the pool holds the
 tokens in use rather than every row's longest possible length.
 
-A loop between device calls grows each row to what its next steps may write (an
+Between device calls a loop grows each row to what its next steps may write (an
 autoregressive step writes one slot past the committed length, speculative rounds
-`speculative.slots_ahead`), then passes `table` in with the cache."""
+`speculative.slots_ahead`) and puts the new `table` in the cache; on device the decoding loops
+stop before a step that an unfinished row's blocks cannot hold (`KVCache.has_room`)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.paged import Pages
+from pallas_kernels.paged import NULL_BLOCK, Pages
 
 # Logical axes (see `params.ParamSpec`) of each layer's K or V and of lengths, for sharding.
 KV_AXES = ("batch", "kv_heads", "cache_slots", "head_dim")  # [B, K, S, H]
@@ -27,7 +27,7 @@ LENGTHS_AXES = ("batch",)  # [B]
 @dataclasses.dataclass(frozen=True)
 class Paging:
     """A paged cache's static shape: num_blocks blocks of block_size slots per layer, block
-    `paged.NULL_BLOCK` included (it is never a row's)."""
+    `NULL_BLOCK` included (it is never a row's)."""
 
     block_size: int
     num_blocks: int
@@ -49,6 +49,16 @@ class KVCache:
         if self.table is None:
             return self.k[i], self.v[i]
         return Pages(self.k[i], self.table), Pages(self.v[i], self.table)
+
+    def has_room(self, extra: int):
+        """[B] bool: whether each row's blocks hold its next `extra` slots past its length
+        (what the next step or round writes); None when dense (every row has S slots)."""
+        if self.table is None:
+            return None
+        last = (self.lengths + extra - 1) // self.k[0].shape[2]  # [B] logical block
+        blocks = jnp.arange(self.table.shape[1])[None, :]
+        held = (self.table != NULL_BLOCK) | (blocks > last[:, None])
+        return jnp.all(held, axis=1) & (last < self.table.shape[1])
 
     def with_layers(self, k: list, v: list) -> KVCache:
         """This cache holding the per-layer views k, v (`layer`'s, updated)."""
@@ -79,7 +89,7 @@ def write_slots(layer_cache, new, start):
     start[b] + t.
 
     The caller guarantees start + T <= S (dynamic_update_slice would clamp silently); paged,
-    slots in no block of the row's go to `paged.NULL_BLOCK`."""
+    slots in no block of the row's go to `NULL_BLOCK`."""
     if isinstance(layer_cache, Pages):
         slots = start[:, None] + jnp.arange(new.shape[1], dtype=start.dtype)  # [B, T]
         blocks, offsets = layer_cache.locate(slots)
