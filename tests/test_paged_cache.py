@@ -19,7 +19,8 @@ from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.decode.speculative import TreeSpec, slots_ahead, spec_generate, working_slots
 from jetspec_jax.model.blocks import BlockAllocator, OutOfBlocks
-from jetspec_jax.model.cache import KVCache, Paging, compact, gather_slots, write_slots
+from jetspec_jax.model.cache import (KVCache, Paging, compact, gather_slots, retable,
+                                     write_slots)
 from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.sharding import state_specs
 from pallas_kernels.decode_attention import decode_attention
@@ -217,13 +218,15 @@ def test_rows_grow_and_free_blocks_between_streamed_rounds(rounds):
         alloc.grow(b, int(lens[b]) + ahead)
     state = steps.start(tp, dp, prompt, lens, key, alloc.table(range(B), SLOTS),
                         **steps.start_static)
+    # the head's context is paged in the same blocks
+    np.testing.assert_array_equal(state.draft_cache.table, state.cache.table)
+    assert state.draft_cache.k[0].shape[0] == PAGING.num_blocks
     calls = 0
     while not np.all(state.out.done):
         lengths = np.asarray(state.cache.lengths)
         for b, (n, done) in enumerate(zip(lengths, np.asarray(state.out.done))):
             alloc.free(b) if done else alloc.grow(b, int(n) + ahead)
-        state = state.replace(cache=state.cache.replace(
-            table=jnp.asarray(alloc.table(range(B), SLOTS))))
+        state = retable(state, alloc.table(range(B), SLOTS))
         state = steps.advance(tp, dp, state, **steps.advance_static)
         assert np.any(np.asarray(state.cache.lengths) > lengths)  # every chunk gets on
         calls += 1

@@ -114,7 +114,7 @@ def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, prompt, pr
                                     taps=dcfg.tap_layers, slack=dcfg.block_size, table=table)
     dcache, pending_taps, pending_count = drafters.of(dcfg).start(
         dparams, dcfg, tparams, prompt, prompt_lens, prompt_taps, num_slots=loop.num_slots,
-        cache_dtype=loop.cache_dtype)
+        cache_dtype=loop.cache_dtype, paging=loop.paging, table=ar.cache.table)
     zeros = jnp.zeros((b, loop.max_new), jnp.int32)
     return constrain_state(SpecState(
         cache=ar.cache, draft_cache=dcache, anchor=ar.last, pending_taps=pending_taps,

@@ -84,6 +84,15 @@ class KVCache:
         return cls(k=zeros(), v=zeros(), lengths=jnp.zeros((batch,), jnp.int32), table=table)
 
 
+def retable(tree, table):
+    """tree (a decoding state) with the table of every paged cache in it replaced: how a host
+    hands the blocks it gave rows between device calls (`blocks.BlockAllocator.table`) to
+    both the target's cache and the drafter's, which share them."""
+    is_cache = lambda x: isinstance(x, KVCache)  # noqa: E731
+    return jax.tree.map(lambda x: x.replace(table=jnp.asarray(table, jnp.int32))
+                        if is_cache(x) and x.table is not None else x, tree, is_leaf=is_cache)
+
+
 def write_slots(layer_cache, new, start):
     """Writes new [B, T, K, H] into layer_cache ([B, K, S, H] or `Pages`) at slots
     start[b] + t.
