@@ -3,9 +3,10 @@ block table mapping each row's logical blocks to physical ones. Logical slot s o
 at block table[b, s // block_size], offset s % block_size, so a row's memory follows the
 blocks it was given, not the longest row's length.
 
-Cache attentions take a `Pages` where they take a dense [B, K, S, H] cache: the reference
-reads the rows' logical view (`logical`), a kernel that cannot read through the table declines
-it (`refuse`, NotImplementedError) and the next implementation serves."""
+Cache attentions take a `Pages` where they take a dense [B, K, S, H] cache: the references
+gather the rows' logical view (`logical`), the split-K decode and portable kernels read the
+blocks in place through the table, a kernel that cannot declines it (`refuse`,
+NotImplementedError) and the next implementation serves."""
 
 from __future__ import annotations
 

@@ -200,19 +200,17 @@ def test_paged_decoding_equals_dense():
     np.testing.assert_array_equal(stats_paged.accepted, stats.accepted)
 
 
-@pytest.mark.parametrize("rounds", [2, None])
-def test_rows_grow_and_free_blocks_between_streamed_rounds(rounds):
-    """The server's way: between chunks of rounds, rows grow to what the next rounds may write
-    (`slots_ahead`) and finished rows give their blocks back; a chunk also stops early when an
-    unfinished row's blocks cannot hold the next round (rounds None: only then). The text
-    equals the dense run."""
+def test_rows_grow_and_free_blocks_between_streamed_rounds():
+    """The server's way: a chunk of rounds stops when an unfinished row's blocks cannot hold
+    the next round; between chunks rows grow to what the next two rounds may write
+    (`slots_ahead`) and finished rows give their blocks back. The text equals the dense run."""
     tcfg, tp, dcfg, dp, prompt, lens = model()
     key, ahead = jax.random.key(0), slots_ahead(SPEC.budget, dcfg.block_size, 2)
     spec = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=SPEC)
     sd, _ = spec_generate(tp, dp, prompt, lens, key, **spec,
                           **loop_args(max_new=MAX_NEW, num_slots=SLOTS))
     steps = streaming.spec_steps(tcfg, dcfg, SPEC, loop=Loop(MAX_NEW, SLOTS, paging=PAGING),
-                                 sampler=Sampler(), chunk=rounds or MAX_NEW)
+                                 sampler=Sampler(), chunk=MAX_NEW)
     alloc = BlockAllocator(PAGING)
     for b in range(B):
         alloc.grow(b, int(lens[b]) + ahead)
@@ -231,7 +229,7 @@ def test_rows_grow_and_free_blocks_between_streamed_rounds(rounds):
         assert np.any(np.asarray(state.cache.lengths) > lengths)  # every chunk gets on
         calls += 1
     assert_same_tokens(state.out, sd)
-    assert calls > 2  # 2 rounds of blocks at a time: more chunks than one
+    assert calls > 2  # blocks for 2 rounds at a time: the chunks stopped for blocks
 
 
 def test_allocator_gives_each_block_once_and_takes_all_back():
