@@ -30,6 +30,8 @@ from jetspec_jax.decode.autoregressive import PREFILL_CHUNK, ar_generate, check_
 from jetspec_jax.decode.loop import Loop
 from jetspec_jax.draft.head import draft_specs
 from jetspec_jax.model import kernels as kernels_lib, layout, sharding
+from jetspec_jax.model.blocks import BlockAllocator
+from jetspec_jax.model.cache import Paging
 from jetspec_jax.io.load import (  # noqa: F401  (re-exported: the API's loading half)
     CHECKPOINT_DIRS, DEFAULT_MODEL, DTYPES, Draft, Target, check_fits, default_draft_path,
     load_draft, load_target, ngram_draft, read_prompt_file, resolve_dtype)
@@ -222,6 +224,22 @@ def make_batch(target: Target, ids: list[list[int]], max_new: int, extra: int) -
                  num_slots)
 
 
+def paged_layout(ids: list[list[int]], max_new: int, extra: int, num_slots: int,
+                 block_size: int) -> tuple[Paging, np.ndarray, int]:
+    """A paged cache for the batch: each row gets the blocks of its own prompt + max_new +
+    extra slots from one pool (a bucket of blocks, so similar batches share compiled code).
+    -> (paging, block table, slots per row: num_slots rounded up to whole blocks)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"kv_block_size must be a whole number >= 1, got {block_size!r}")
+    need = [len(p) + max_new + extra for p in ids]
+    paging = Paging(block_size, bucket(1 + sum(-(-n // block_size) for n in need)))
+    alloc = BlockAllocator(paging)
+    for b, n in enumerate(need):
+        alloc.grow(b, n)
+    num_slots = -(-num_slots // block_size) * block_size
+    return paging, alloc.table(range(len(ids)), num_slots), num_slots
+
+
 # ---- timed runs ------------------------------------------------------------------------------
 
 _COMPILED: dict = {}  # (function, argument shapes + shardings, static arguments) -> executable
@@ -286,7 +304,7 @@ class _Run:
     opts: Options
     spec: TreeSpec  # budget="auto": the adaptive spec
     measure_s: float  # seconds spent measuring round costs for budget="auto"
-    args: tuple  # (prompt, prompt_lens, key), placed on the mesh
+    args: tuple  # (prompt, prompt_lens, key, block table or None), placed on the mesh
     tparams: dict
     dparams: dict | None
     sampler: Sampler
@@ -304,7 +322,8 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
              top_p: float = 1.0, seed: int = 0, chat: bool = True,
              stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
              matmul_impl: str = "auto", mesh=None, prefill_chunk: int = PREFILL_CHUNK,
-             ngram: int | None = None, enable_thinking: bool | None = None) -> _Run:
+             ngram: int | None = None, enable_thinking: bool | None = None,
+             kv_block_size: int | None = None) -> _Run:
     """`generate`'s options checked, the prompts encoded and batched, and the weights and
     batch placed on the mesh."""
     opts = decoding_options(budget=budget, width=width, tree=tree, temperature=temperature,
@@ -318,6 +337,10 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
     spec = opts.tree_spec
     extra = 1 if draft is None else working_slots(spec.budget, draft.dcfg.block_size)
     batch = make_batch(target, ids, max_new_tokens, extra)
+    paging, table, num_slots = None, None, batch.num_slots
+    if kv_block_size is not None:
+        paging, table, num_slots = paged_layout(ids, max_new_tokens, extra, num_slots,
+                                                kv_block_size)
     mesh = target.mesh if mesh is None else sharding.as_mesh(mesh)
     tparams, dparams = target.params, draft and draft.params
     prompt, lens, key = batch.prompt, batch.lens, jax.random.key(seed)
@@ -327,17 +350,17 @@ def _prepare(target: Target, prompts, draft: Draft | None, *, max_new_tokens: in
         tparams = sharding.shard_params(tparams, target_specs(target.cfg), mesh)
         if dparams:  # the n-gram drafter has no weights
             dparams = sharding.shard_params(dparams, draft_specs(draft.dcfg), mesh)
-        prompt, lens, key = sharding.replicate((prompt, lens, key), mesh)
+        prompt, lens, key, table = sharding.replicate((prompt, lens, key, table), mesh)
     kernels = resolve_kernels(target, opts.attn_impl, opts.matmul_impl, mesh)
-    loop = Loop(max_new=max_new_tokens, num_slots=batch.num_slots, stop_ids=tuple(stop_ids),
+    loop = Loop(max_new=max_new_tokens, num_slots=num_slots, stop_ids=tuple(stop_ids),
                 kernels=kernels, cache_dtype=jnp.dtype(target.dtype),
-                prefill_chunk=prefill_chunk)
+                prefill_chunk=prefill_chunk, paging=paging)
     measure_s = 0.0
     if draft is not None and opts.auto:
         spec, measure_s = adaptive_spec(target, draft, tparams, dparams, prompt, spec, kernels,
                                         mesh)
-    return _Run(ids, opts, spec, measure_s, (prompt, lens, key), tparams, dparams, opts.sampler,
-                loop, mesh)
+    return _Run(ids, opts, spec, measure_s, (prompt, lens, key, table), tparams, dparams,
+                opts.sampler, loop, mesh)
 
 
 def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[int]], *,
@@ -348,7 +371,8 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
              stop_ids: Sequence[int] | None = None, attn_impl: str = "auto",
              matmul_impl: str = "auto", compare_autoregressive: bool = False, mesh=None,
              prefill_chunk: int = PREFILL_CHUNK, ngram: int | None = None,
-             enable_thinking: bool | None = None) -> GenerationResult:
+             enable_thinking: bool | None = None,
+             kv_block_size: int | None = None) -> GenerationResult:
     """Speculative decoding with `draft` (autoregressive without one) of a batch of prompts.
 
     budget: tree nodes per round (None: `default_budget(draft)`), or "auto": each round picks its
@@ -365,12 +389,16 @@ def generate(target: Target, prompts: str | Sequence[str] | Sequence[Sequence[in
     anything compiles); ngram: add to each round's tree a chain of up to this many tokens
     that followed the latest earlier occurrence of the text's last 1-4 tokens in the prompt
     and the output (0: none; None: `default_tree(draft)`'s; `draft/ngram.py`).
-    draft=`ngram_draft(L)` drafts such chains alone, with no head."""
+    draft=`ngram_draft(L)` drafts such chains alone, with no head. kv_block_size: page the
+    target's KV cache in blocks of this many slots, each prompt holding the blocks of its own
+    length only (None: dense rows, each as long as the longest; a multiple of 16 lets the GPU
+    kernels read the blocks in place)."""
     run = _prepare(target, prompts, draft, max_new_tokens=max_new_tokens, budget=budget,
                    width=width, tree=tree, temperature=temperature,
                    top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop_ids=stop_ids,
                    attn_impl=attn_impl, matmul_impl=matmul_impl, mesh=mesh,
-                   prefill_chunk=prefill_chunk, ngram=ngram, enable_thinking=enable_thinking)
+                   prefill_chunk=prefill_chunk, ngram=ngram, enable_thinking=enable_thinking,
+                   kv_block_size=kv_block_size)
 
     def autoregressive():
         return run.call(_timed, ar_generate, (run.tparams, *run.args),

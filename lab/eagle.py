@@ -205,7 +205,8 @@ class EagleDrafter:
 
     @staticmethod
     def start(eparams, ecfg: EagleConfig, tparams, prompt, prompt_lens, prompt_taps, *,
-              num_slots: int, cache_dtype):
+              num_slots: int, cache_dtype, paging=None, table=None):
+        del paging, table  # the dynamic tree reads its context whole: a dense cache
         cache = prompt_context(eparams, ecfg, tparams, prompt_taps, prompt, prompt_lens,
                                num_slots, cache_dtype)
         b = prompt.shape[0]

@@ -174,16 +174,70 @@ def kernel_dot(a, b, *, trans_b: bool = False, precision=None, upcast: bool = Fa
     return pltr.dot(a, b, trans_b=trans_b, precision=precision)
 
 
-def load_rows(ref, start, size, width, head_ok, row_ok, col: int = 0):
-    """Loads ref[start:start+size, col:col+width] in a Triton-lowered kernel; rows where row_ok
-    is False and columns where head_ok is False (head-dim padding) read as zero."""
+def load_rows(ref, start, size, width, head_ok, row_ok, col: int = 0, lead: tuple = ()):
+    """Loads ref[*lead, start:start+size, col:col+width] in a Triton-lowered kernel; rows where
+    row_ok is False and columns where head_ok is False (head-dim padding) read as zero."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pltr
 
-    idx = (pl.ds(start, size), pl.ds(col, width))
+    idx = (*lead, pl.ds(start, size), pl.ds(col, width))
     mask = head_ok
     if row_ok is not None:
         mask = row_ok[:, None] if mask is None else (row_ok[:, None] & mask)
     if mask is None:
         return ref[idx]
     return pltr.load(ref.at[idx], mask=mask, other=0.0)
+
+
+def block_row(ref, table_ref, pos):
+    """(leading index, row) of slot pos for `load_rows`: ((), pos) in a dense ref [S, H]
+    (table_ref None); in a paged ref [num_blocks, block_size, H] read through table_ref
+    [max_blocks], its block and offset (the rows loaded from there must stay in that block)."""
+    if table_ref is None:
+        return (), pos
+    page = ref.shape[1]
+    return (table_ref[jax.lax.div(pos, page)],), jax.lax.rem(pos, page)
+
+
+def gather_rows(ref, table_ref, start, size, width, head_ok, row_ok):
+    """Loads slots [start, start + size) of a paged ref [num_blocks, block_size, H] through
+    table_ref [max_blocks], each row from its own block (the range may cross blocks); rows
+    where row_ok is False and columns where head_ok is False read as zero."""
+    from jax.experimental.pallas import triton as pltr
+
+    page = ref.shape[1]
+    slots = start + jax.lax.iota(jnp.int32, size)
+    blocks = table_ref[jnp.minimum(jax.lax.div(slots, page), table_ref.shape[0] - 1)]
+    cols = jax.lax.iota(jnp.int32, width)
+    idx = (blocks[:, None], jax.lax.rem(slots, page)[:, None], cols[None, :])
+    mask = row_ok[:, None] if head_ok is None else row_ok[:, None] & head_ok
+    return pltr.load(ref.at[idx], mask=mask, other=0.0)
+
+
+def cache_operands(k_cache, v_cache, block_k: int, min_slots: int, hp: int, interpret: bool,
+                   what: str):
+    """(block_k, operands, their BlockSpecs) of the caches for a kernel whose grid starts
+    (row, KV head): dense [B, K, S, H], each program's row and KV head (S padded to min_slots
+    so that every masked load of a tiny cache stays in bounds); `paged.Pages`, its KV head of
+    the pools, then its row of the table, block_k cut to a divisor of the block size so that
+    an aligned step of block_k slots lies in one block (`block_row`)."""
+    from jax.experimental import pallas as pl
+
+    from pallas_kernels.paged import Pages
+
+    if not isinstance(k_cache, Pages):
+        s = k_cache.shape[2]
+        if s < min_slots:
+            pad = ((0, 0), (0, 0), (0, min_slots - s), (0, 0))
+            k_cache, v_cache, s = jnp.pad(k_cache, pad), jnp.pad(v_cache, pad), min_slots
+        spec = pl.BlockSpec((None, None, s, hp), lambda bi, hi, *_: (bi, hi, 0, 0))
+        return block_k, (k_cache, v_cache), [spec, spec]
+    num_blocks, _, size, _ = k_cache.pool.shape
+    block_k = min(block_k, size)
+    if size % block_k or (block_k < 16 and not interpret):
+        raise NotImplementedError(f"{what}: blocks of {size} slots are not whole steps of >= 16 "
+                                  "slots")
+    table = k_cache.table
+    pool = pl.BlockSpec((num_blocks, None, size, hp), lambda bi, hi, *_: (0, hi, 0, 0))
+    return block_k, (k_cache.pool, v_cache.pool, table), [
+        pool, pool, pl.BlockSpec((None, table.shape[1]), lambda bi, *_: (bi, 0))]

@@ -151,13 +151,19 @@ def check_capacity(prompt_len: int, max_new: int, extra: int, limit: int, num_sl
     return need
 
 
-def loop_until_done(body, state, max_iters: int | None = None):
+def loop_until_done(body, state, max_iters: int | None = None, extra: int = 1):
     """body applied while some sequence of state.out is unfinished, at most max_iters times
     (None: no limit). One `lax.while_loop`: the whole generation (or one streamed chunk of it)
-    stays on device."""
+    stays on device. Paged, it also stops before a step that an unfinished row's blocks cannot
+    hold (`KVCache.has_room(extra)`): the host gives the row more and continues."""
+
+    def go(s):
+        more, room = ~jnp.all(s.out.done), s.cache.has_room(extra)
+        return more if room is None else more & jnp.all(room | s.out.done)
+
     if max_iters is None:
-        return jax.lax.while_loop(lambda s: ~jnp.all(s.out.done), body, state)
-    state, _ = jax.lax.while_loop(lambda c: ~jnp.all(c[0].out.done) & (c[1] < max_iters),
+        return jax.lax.while_loop(go, body, state)
+    state, _ = jax.lax.while_loop(lambda c: go(c[0]) & (c[1] < max_iters),
                                   lambda c: (body(c[0]), c[1] + 1), (state, jnp.int32(0)))
     return state
 
@@ -171,19 +177,22 @@ class ARState:
     key: jax.Array
 
 
-def ar_start(params, prompt, prompt_lens, key, *, cfg: ModelConfig, sampler: Sampler,
-             loop: Loop) -> ARState:
+def ar_start(params, prompt, prompt_lens, key, table=None, *, cfg: ModelConfig,
+             sampler: Sampler, loop: Loop) -> ARState:
     """Checks that the batch fits, then `prefill_state`."""
     check_capacity(prompt.shape[1], loop.max_new, 1, cfg.max_position_embeddings,
                    loop.num_slots)
-    return prefill_state(params, cfg, prompt, prompt_lens, key, sampler, loop)[0]
+    return prefill_state(params, cfg, prompt, prompt_lens, key, sampler, loop, table=table)[0]
 
 
 def prefill_state(params, cfg: ModelConfig, prompt, prompt_lens, key,
-                  sampler: Sampler | RowSampler, loop: Loop, *, taps=(), slack: int = 1):
+                  sampler: Sampler | RowSampler, loop: Loop, *, taps=(), slack: int = 1,
+                  table=None):
     """Prefill and the first token, the start of both loops -> (ARState, the prompts' taps
-    [B, P, k*D] or None). slack: output columns past max_new (a round may overshoot it)."""
-    cache = target.allocate_cache(cfg, prompt.shape[0], loop.num_slots, loop.cache_dtype)
+    [B, P, k*D] or None). slack: output columns past max_new (a round may overshoot it);
+    table: [B, num_slots / block_size] when loop.paging (`blocks.BlockAllocator.table`)."""
+    cache = target.allocate_cache(cfg, prompt.shape[0], loop.num_slots, loop.cache_dtype,
+                                  loop.paging, table)
     logits, cache, prompt_taps = prefill(params, cfg, prompt, prompt_lens, cache, taps=taps,
                                          kernels=loop.kernels, chunk=loop.prefill_chunk)
     return first_token(logits, cache, key, sampler, loop, slack=slack), prompt_taps
@@ -217,10 +226,13 @@ def ar_continue(params, state: ARState, *, cfg: ModelConfig, sampler: Sampler | 
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampler", "loop"))
-def ar_generate(params, prompt, prompt_lens, key, *, cfg: ModelConfig, sampler: Sampler,
-                loop: Loop) -> Output:
-    """Autoregressive decoding of a right-padded batch; returns the generated tokens."""
-    state = ar_start(params, prompt, prompt_lens, key, cfg=cfg, sampler=sampler, loop=loop)
+def ar_generate(params, prompt, prompt_lens, key, table=None, *, cfg: ModelConfig,
+                sampler: Sampler, loop: Loop) -> Output:
+    """Autoregressive decoding of a right-padded batch; returns the generated tokens.
+    table: the paged cache's block table (loop.paging), each row's blocks holding at least
+    prompt + max_new + 1 slots."""
+    state = ar_start(params, prompt, prompt_lens, key, table, cfg=cfg, sampler=sampler,
+                     loop=loop)
     return ar_continue(params, state, cfg=cfg, sampler=sampler, loop=loop).out
 
 

@@ -40,6 +40,13 @@ def working_slots(budget: int, block_size: int) -> int:
     return max(budget, block_size) + block_size
 
 
+def slots_ahead(budget: int, block_size: int, rounds: int) -> int:
+    """Slots past a row's committed length that the next `rounds` rounds may write (what a
+    paged row needs, `blocks.BlockAllocator.grow`): each commits at most block_size tokens,
+    the last writes its tree of up to budget + 1 nodes after them."""
+    return (rounds - 1) * block_size + working_slots(budget, block_size)
+
+
 @flax.struct.dataclass
 class SpecStats:
     rounds: jax.Array  # [B] rounds run per sequence
@@ -100,22 +107,23 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, sta
 
 
 def init_state(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, prompt, prompt_lens, key,
-               *, sampler: Sampler | RowSampler, loop: Loop) -> SpecState:
+               table=None, *, sampler: Sampler | RowSampler, loop: Loop) -> SpecState:
     """The autoregressive start (`prefill_state`: the target reads the prompts with taps and
     picks the first token), then `from_prefill`."""
     ar, prompt_taps = prefill_state(tparams, tcfg, prompt, prompt_lens, key, sampler, loop,
-                                    taps=dcfg.tap_layers, slack=dcfg.block_size)
+                                    taps=dcfg.tap_layers, slack=dcfg.block_size, table=table)
     return from_prefill(ar, tparams, dparams, dcfg, prompt, prompt_lens, prompt_taps, loop)
 
 
 def from_prefill(ar: ARState, tparams, dparams, dcfg: HeadConfig, prompt, prompt_lens,
                  prompt_taps, loop: Loop) -> SpecState:
     """The speculative state of prefilled prompts (`ar`, its output with `dcfg.block_size`
-    slack): the draft context filled with the prompts' taps."""
+    slack): the draft context filled with the prompts' taps (paged in the target cache's
+    table when it is paged)."""
     b = prompt.shape[0]
     dcache, pending_taps, pending_count = drafters.of(dcfg).start(
         dparams, dcfg, tparams, prompt, prompt_lens, prompt_taps, num_slots=loop.num_slots,
-        cache_dtype=loop.cache_dtype)
+        cache_dtype=loop.cache_dtype, paging=loop.paging, table=ar.cache.table)
     zeros = jnp.zeros((b, loop.max_new), jnp.int32)
     return constrain_state(SpecState(
         cache=ar.cache, draft_cache=dcache, anchor=ar.last, pending_taps=pending_taps,
@@ -125,15 +133,15 @@ def from_prefill(ar: ARState, tparams, dparams, dcfg: HeadConfig, prompt, prompt
         prompt_lens=prompt_lens))
 
 
-def spec_start(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
+def spec_start(tparams, dparams, prompt, prompt_lens, key, table=None, *, tcfg: ModelConfig,
                dcfg: HeadConfig, tree_spec: TreeSpec, sampler: Sampler,
                loop: Loop) -> SpecState:
     """Checks that the batch fits, then `init_state`."""
     check_capacity(prompt.shape[1], loop.max_new,
                    working_slots(tree_spec.budget, dcfg.block_size),
                    tcfg.max_position_embeddings, loop.num_slots)
-    return init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, sampler=sampler,
-                      loop=loop)
+    return init_state(tparams, tcfg, dparams, dcfg, prompt, prompt_lens, key, table,
+                      sampler=sampler, loop=loop)
 
 
 def spec_continue(tparams, dparams, state: SpecState, *, tcfg: ModelConfig, dcfg: HeadConfig,
@@ -143,16 +151,18 @@ def spec_continue(tparams, dparams, state: SpecState, *, tcfg: ModelConfig, dcfg
     round_fn = functools.partial(speculative_round, tparams, tcfg, dparams, dcfg,
                                  tree_spec=tree_spec, sampler=sampler, loop=loop)
     # The carry's caches stay sharded by KV head on a mesh (no-op without one).
-    return loop_until_done(lambda s: constrain_state(round_fn(s)), state, max_rounds)
+    return loop_until_done(lambda s: constrain_state(round_fn(s)), state, max_rounds,
+                           working_slots(tree_spec.budget, dcfg.block_size))
 
 
 @functools.partial(jax.jit, static_argnames=("tcfg", "dcfg", "tree_spec", "sampler", "loop"))
-def spec_generate(tparams, dparams, prompt, prompt_lens, key, *, tcfg: ModelConfig,
+def spec_generate(tparams, dparams, prompt, prompt_lens, key, table=None, *, tcfg: ModelConfig,
                   dcfg: HeadConfig, tree_spec: TreeSpec, sampler: Sampler,
                   loop: Loop) -> tuple[Output, SpecStats]:
     """Speculative decoding of a right-padded batch; same outputs as `ar_generate` (greedy:
-    token for token; sampling: in distribution)."""
+    token for token; sampling: in distribution). table: the paged cache's block table
+    (loop.paging), each row's blocks holding at least prompt + max_new + `working_slots`."""
     static = dict(tcfg=tcfg, dcfg=dcfg, tree_spec=tree_spec, sampler=sampler, loop=loop)
-    state = spec_start(tparams, dparams, prompt, prompt_lens, key, **static)
+    state = spec_start(tparams, dparams, prompt, prompt_lens, key, table, **static)
     state = spec_continue(tparams, dparams, state, **static)
     return state.out, state.stats

@@ -2,9 +2,11 @@
 every drafter serves the same round, so the round, its verification and its statistics are
 written once. A head's config (static under jit) picks its drafter (`of`), by its type.
 
-  start(dparams, dcfg, tparams, prompt, prompt_lens, prompt_taps, *, num_slots, cache_dtype)
+  start(dparams, dcfg, tparams, prompt, prompt_lens, prompt_taps, *, num_slots, cache_dtype,
+        paging, table)
       -> (draft cache, pending taps [B, blk, k*D], pending count [B]): the draft context after
-      the prefill, and what the first round still has to add to it
+      the prefill, and what the first round still has to add to it; paging and table: the
+      target cache's blocks (None: dense), which a cache of the context may share
   draft(dparams, dcfg, tparams, tcfg, state, active, *, tree_spec, kernels)
       -> (tree, draft cache): the round's tree after `state.anchor`, with the tokens
       committed by the last round (`state.pending_*`) added to the context first
@@ -41,7 +43,7 @@ class HeadConfig(Protocol):
 
 class Drafter(Protocol):
     def start(self, dparams, dcfg, tparams, prompt, prompt_lens, prompt_taps, *,
-              num_slots: int, cache_dtype): ...
+              num_slots: int, cache_dtype, paging=None, table=None): ...
 
     def draft(self, dparams, dcfg, tparams, tcfg: ModelConfig, state, active, *, tree_spec,
               kernels: Kernels): ...
@@ -53,9 +55,9 @@ class BlockDrafter:
 
     @staticmethod
     def start(dparams, dcfg: DraftConfig, tparams, prompt, prompt_lens, prompt_taps, *,
-              num_slots: int, cache_dtype):
+              num_slots: int, cache_dtype, paging=None, table=None):
         b = prompt.shape[0]
-        cache = draft_head.allocate_cache(dcfg, b, num_slots, cache_dtype)
+        cache = draft_head.allocate_cache(dcfg, b, num_slots, cache_dtype, paging, table)
         cache = draft_head.extend_context(dparams, dcfg, cache, prompt_taps, prompt_lens)
         pending = jnp.zeros((b, dcfg.block_size, prompt_taps.shape[-1]), prompt_taps.dtype)
         return cache, pending, jnp.zeros((b,), jnp.int32)

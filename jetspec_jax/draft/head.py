@@ -10,8 +10,9 @@ vocabulary (`DraftConfig.draft_vocab`, the most frequent answer tokens) uses onl
 it, so its logits cost a fraction of the full vocabulary's and its trees hold only those tokens.
 Verification stays over the full vocabulary, so decoding stays lossless.
 
-The context K/V of every draft layer is cached (a `KVCache`) and extended each round with the
-newly committed tokens' taps, so a round only projects the new tokens.
+The context K/V of every draft layer is cached (a `KVCache`, paged in the target cache's blocks
+when that one is) and extended each round with the newly committed tokens' taps, so a round
+only projects the new tokens.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetspec_jax.model import target
-from jetspec_jax.model.cache import KVCache, write_slots
+from jetspec_jax.model.cache import KVCache, Paging, write_slots
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.layers import project, rms_norm, rope
@@ -134,9 +135,12 @@ def draft_specs(dcfg: DraftConfig) -> dict:
     return specs
 
 
-def allocate_cache(dcfg: DraftConfig, batch: int, num_slots: int, dtype) -> KVCache:
+def allocate_cache(dcfg: DraftConfig, batch: int, num_slots: int, dtype,
+                   paging: Paging | None = None, table=None) -> KVCache:
+    """Dense, or paged with paging and table [batch, num_slots / block_size]."""
     c = dcfg.layers
-    return KVCache.allocate(c.num_layers, batch, c.num_kv_heads, num_slots, c.head_dim, dtype)
+    return KVCache.allocate(c.num_layers, batch, c.num_kv_heads, num_slots, c.head_dim, dtype,
+                            paging, table)
 
 
 def key_value(p, cfg: ModelConfig, x, positions):
@@ -175,11 +179,13 @@ def extend_context(dparams, dcfg: DraftConfig, cache: KVCache, taps, num_new) ->
                    dparams["hidden_norm"], cfg.rms_norm_eps)
     positions = cache.lengths[:, None] + jnp.arange(taps.shape[1], dtype=jnp.int32)
     new_k, new_v = [], []
-    for p, kc, vc in zip(dparams["layers"], cache.k, cache.v):
+    for i, p in enumerate(dparams["layers"]):
+        kc, vc = cache.layer(i)
         k, v = key_value(p, cfg, ctx, positions)
         new_k.append(write_slots(kc, k, cache.lengths))
         new_v.append(write_slots(vc, v, cache.lengths))
-    return KVCache(k=new_k, v=new_v, lengths=cache.lengths + num_new.astype(jnp.int32))
+    return cache.with_layers(new_k, new_v).replace(
+        lengths=cache.lengths + num_new.astype(jnp.int32))
 
 
 def mask_inputs(dparams, dcfg: DraftConfig, tparams, shape):
@@ -212,9 +218,9 @@ def head_hidden(dparams, dcfg: DraftConfig, cache: KVCache, x, positions, mask, 
     cfg = dcfg.layers
     start = cache.lengths
     impl, interpret = kernels.cache_attention(), kernels.interpret
-    for p, kc, vc in zip(dparams["layers"], cache.k, cache.v):
-        def attend(q, k, v, kc=kc, vc=vc):
-            kc, vc = write_slots(kc, k, start), write_slots(vc, v, start)
+    for i, p in enumerate(dparams["layers"]):
+        def attend(q, k, v, kv=cache.layer(i)):
+            kc, vc = write_slots(kv[0], k, start), write_slots(kv[1], v, start)
             return cache_attention(q, kc, vc, start, mask, impl=impl, interpret=interpret), None
 
         x, _ = draft_layer(p, cfg, x, positions, attend)

@@ -157,7 +157,7 @@ class NgramDrafter:
 
     @staticmethod
     def start(dparams, dcfg: NgramConfig, tparams, prompt, prompt_lens, prompt_taps, *,
-              num_slots: int, cache_dtype):
+              num_slots: int, cache_dtype, paging=None, table=None):
         return None, None, jnp.zeros((prompt.shape[0],), jnp.int32)
 
     @staticmethod

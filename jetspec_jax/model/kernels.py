@@ -6,11 +6,13 @@ one that cannot serve it raises NotImplementedError and the next serves
 
 attention (the cache attention of every layer and of the draft head):
   "fused_decode"  one-token steps of the target through the fused decode kernel (q/k norm,
-                  RoPE, cache write and attention in one); every other call takes the rest of
-                  the list.
-  "decode"        the split-K decode kernel (one query per sequence only).
-  "hopper"        the Pallas Mosaic GPU tree-attention kernel (sm_90).
-  "portable"      the Pallas tree-attention kernel, Triton lowering (any NVIDIA GPU).
+                  RoPE, cache write and attention in one; dense caches only); every other
+                  call takes the rest of the list.
+  "decode"        the split-K decode kernel (one query per sequence only; reads paged
+                  caches in place, `pallas_kernels.paged`).
+  "hopper"        the Pallas Mosaic GPU tree-attention kernel (sm_90; dense caches only).
+  "portable"      the Pallas tree-attention kernel, Triton lowering (any NVIDIA GPU; reads
+                  paged caches in place).
   "reference"     the pure-JAX reference (XLA); serves every call, the only one off GPUs.
 matmul (dense projections and MoE experts, `layers.project` / `layers.moe`):
   "pallas"        the kernels of `pallas_kernels.gemv` (few rows only).

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from jetspec_jax.model.cache import KV_AXES, LENGTHS_AXES, KVCache
+from jetspec_jax.model.cache import KV_AXES, LENGTHS_AXES, POOL_AXES, KVCache
 from jetspec_jax.model.params import is_spec
 
 MESH_AXES = ("tp", "ep")
@@ -140,15 +140,17 @@ def _is_cache(x) -> bool:
 
 def state_specs(tree, mesh_shape: Mapping[str, int]):
     """PartitionSpecs for a decoding state (a KVCache, SpecState, or any pytree holding them):
-    K/V [B, K, S, H] shard K over tp; every other leaf (lengths, tokens, taps, keys) is small
-    and replicated."""
+    K/V [B, K, S, H] (paged: the pools) shard K over tp; every other leaf (lengths, block
+    tables, tokens, taps, keys) is small and replicated."""
 
     def one(x):
         if not _is_cache(x):
             return PartitionSpec()
-        kv = lambda a: logical_spec(KV_AXES, a.shape, mesh_shape)  # noqa: E731
+        axes = KV_AXES if x.table is None else POOL_AXES
+        kv = lambda a: logical_spec(axes, a.shape, mesh_shape)  # noqa: E731
         return KVCache(k=[kv(a) for a in x.k], v=[kv(a) for a in x.v],
-                       lengths=logical_spec(LENGTHS_AXES, x.lengths.shape, mesh_shape))
+                       lengths=logical_spec(LENGTHS_AXES, x.lengths.shape, mesh_shape),
+                       table=None if x.table is None else PartitionSpec())
 
     return jax.tree.map(one, tree, is_leaf=_is_cache)
 

@@ -13,12 +13,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jetspec_jax.model.cache import KVCache, write_slots
+from jetspec_jax.model.cache import KVCache, Paging, write_slots
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.model.layers import XLA, moe, project, rms_norm, rope, swiglu
 from jetspec_jax.model.layout import is_fused, split_qkv
-from pallas_kernels import common, dispatch
+from pallas_kernels import common, dispatch, paged
 from pallas_kernels.decode_attention import fused_decode_attention, rope_cos_sin
 from pallas_kernels.tree_attention import cache_attention
 
@@ -90,6 +90,7 @@ def _fused_decode(p, cfg: ModelConfig, q, k, v, positions, k_cache, v_cache, wri
     if q.shape[1] != 1:
         raise NotImplementedError(f"the fused decode kernel takes one token, got {q.shape[1]}")
     common.require_gpu("fused decode kernel", interpret)
+    paged.refuse(k_cache, "fused decode kernel")
     cos, sin = rope_cos_sin(positions[:, 0], cfg.head_dim, cfg.rope_theta)
     norms = (p["q_norm"], p["k_norm"]) if cfg.qk_norm else (None, None)
     return fused_decode_attention(q, k, v, k_cache, v_cache, write_start, cos, sin, *norms,
@@ -134,16 +135,19 @@ def forward(params, cfg: ModelConfig, tokens, positions, cache: KVCache, write_s
     new_k, new_v, tapped = [], [], {}
     for i, p in enumerate(params["layers"]):
         with jax.named_scope(f"layer_{i}"):
-            x, kc, vc = decoder_layer(p, cfg, x, positions, cache.k[i], cache.v[i],
-                                      write_start, block_mask, kernels, is_fused(params))
+            x, kc, vc = decoder_layer(p, cfg, x, positions, *cache.layer(i), write_start,
+                                      block_mask, kernels, is_fused(params))
         new_k.append(kc)
         new_v.append(vc)
         if i in taps:
             tapped[i] = x
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     tap_out = jnp.concatenate([tapped[i] for i in taps], axis=-1) if taps else None
-    return hidden, KVCache(k=new_k, v=new_v, lengths=cache.lengths), tap_out
+    return hidden, cache.with_layers(new_k, new_v), tap_out
 
 
-def allocate_cache(cfg: ModelConfig, batch: int, num_slots: int, dtype) -> KVCache:
-    return KVCache.allocate(cfg.num_layers, batch, cfg.num_kv_heads, num_slots, cfg.head_dim, dtype)
+def allocate_cache(cfg: ModelConfig, batch: int, num_slots: int, dtype,
+                   paging: Paging | None = None, table=None) -> KVCache:
+    """Dense, or paged with paging and table [batch, num_slots / block_size]."""
+    return KVCache.allocate(cfg.num_layers, batch, cfg.num_kv_heads, num_slots, cfg.head_dim,
+                            dtype, paging, table)

@@ -35,8 +35,9 @@ IMPLEMENTATIONS = {"splitk": _splitk, "reference": _reference}
 def decode_attention(q, k_cache, v_cache, prefix_len, *,
                      impl: str | Sequence[str] | None = None, interpret: bool = False,
                      config=None):
-    """q [B, 1, N, H]; k_cache, v_cache [B, K, S, H]; prefix_len [B] -> [B, 1, N, H]: the
-    query attends to slots [0, prefix_len]. config: the kernel's `DecodeConfig`."""
+    """q [B, 1, N, H]; k_cache, v_cache [B, K, S, H] or `paged.Pages`; prefix_len [B] ->
+    [B, 1, N, H]: the query attends to slots [0, prefix_len]. config: the kernel's
+    `DecodeConfig`."""
     return dispatch.run("decode attention", DEFAULT if impl is None else impl,
                         IMPLEMENTATIONS, q, k_cache, v_cache, prefix_len,
                         interpret=interpret, config=config)

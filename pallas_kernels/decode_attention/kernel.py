@@ -8,6 +8,10 @@ log-sum-exp per split) are merged in a small XLA epilogue. Chunks are sized from
 sequence's own length at run time, so ragged batches keep every program busy and no slot
 beyond prefix_len is read. The G query heads sharing a KV head are the rows of one tile.
 
+A paged cache (`paged.Pages`) is read in place: the program gets its row of the block table
+and its KV head of the pool, and each step of block_k slots (block_k dividing the block size)
+loads from the physical block holding them.
+
 The pieces of a program (`split_range`, `attend_slots`, `store_partial`) and of the launch
 (`launch_shape`, `partial_outputs`, `merge_splits`) are shared with `fused.py`.
 """
@@ -24,6 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
 from pallas_kernels import common
+from pallas_kernels.paged import Pages
 from pallas_kernels.decode_attention.config import DecodeConfig, decode_config
 
 
@@ -92,16 +97,18 @@ def empty_state(rows: int, width: int):
 
 
 def attend_slots(state, q_parts, k_ref, v_ref, start, n, *, layout: HeadLayout, block_k: int,
-                 qk_scale: float, precision, interpret: bool):
+                 qk_scale: float, precision, interpret: bool, table_ref=None):
     """Folds cache slots [start, start + n) of k_ref / v_ref [S, H] into the online-softmax
     state of the query rows (q_parts as in `HeadLayout`; logits in base 2, qk_scale includes
-    log2 e). Reads no slot outside the range."""
+    log2 e). Reads no slot outside the range. Paged: k_ref / v_ref [num_blocks, block_size, H]
+    read through table_ref [max_blocks], start a multiple of block_k."""
     part_ok, value_ok = layout.part_ok(), layout.value_ok()
 
-    def scores(pos, row_ok):
+    def scores(lead, row, row_ok):
         s = None
         for q, col in zip(q_parts, layout.part_starts):
-            k = common.load_rows(k_ref, pos, block_k, layout.part_width, part_ok, row_ok, col=col)
+            k = common.load_rows(k_ref, row, block_k, layout.part_width, part_ok, row_ok,
+                                 col=col, lead=lead)
             d = common.kernel_dot(q, k, trans_b=True, precision=precision, upcast=interpret)
             s = d if s is None else s + d
         return s * qk_scale
@@ -110,14 +117,16 @@ def attend_slots(state, q_parts, k_ref, v_ref, start, n, *, layout: HeadLayout, 
         acc, m_i, l_i = carry
         pos = start + i * block_k
         row_ok = (i * block_k + lax.iota(jnp.int32, block_k) < n) if masked else None
-        s = scores(pos, row_ok)
+        lead, row = common.block_row(k_ref, table_ref, pos)
+        s = scores(lead, row, row_ok)
         if masked:
             s = jnp.where(row_ok[None, :], s, -jnp.inf)
         m_new = jnp.maximum(m_i, jnp.max(s, axis=1))
         alpha = jnp.exp2(m_i - m_new)
         p = jnp.exp2(s - m_new[:, None])
         l_new = l_i * alpha + jnp.sum(p, axis=1)
-        v = common.load_rows(v_ref, pos, block_k, layout.value_width, value_ok, row_ok)
+        v = common.load_rows(v_ref, row, block_k, layout.value_width, value_ok, row_ok,
+                             lead=lead)
         pv = common.kernel_dot(p.astype(v.dtype), v, precision=precision, upcast=interpret)
         acc = acc * alpha[:, None] + pv
         return acc, m_new, l_new
@@ -135,14 +144,15 @@ def store_partial(o_ref, lse_ref, state):
     lse_ref[...] = jnp.where(seen, m_i + jnp.log2(jnp.where(seen, l_i, 1.0)), -jnp.inf)
 
 
-def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, layout, block_k, num_splits,
-            scale, precision, interpret):
+def _kernel(len_ref, q_ref, k_ref, v_ref, *refs, layout, block_k, num_splits, scale,
+            precision, interpret):
+    *table_ref, o_ref, lse_ref = refs  # paged: the row of the block table first
     kv_len = len_ref[()] + 1  # prefix plus the new key at slot prefix_len
     start, n = split_range(kv_len, num_splits, block_k)
     state = empty_state(*q_ref.shape)
     state = attend_slots(state, (q_ref[...],), k_ref, v_ref, start, n, layout=layout,
                          block_k=block_k, qk_scale=scale * common.LOG2E, precision=precision,
-                         interpret=interpret)
+                         interpret=interpret, table_ref=table_ref[0] if table_ref else None)
     store_partial(o_ref, lse_ref, state)
 
 
@@ -178,13 +188,12 @@ def merge_splits(o, lse, num_q_heads: int, head_dim: int, dtype):
     return common.unpack_rows(out, 1, num_q_heads, head_dim)
 
 
-def supported(q, k_cache) -> str | None:
+def supported(q, kv_heads: int) -> str | None:
     b, t, n, h = q.shape
-    kh = k_cache.shape[1]
     if t != 1:
         return f"decode kernel needs T == 1, got T={t}"
-    if n % kh:
-        return f"num_q_heads {n} not a multiple of num_kv_heads {kh}"
+    if n % kv_heads:
+        return f"num_q_heads {n} not a multiple of num_kv_heads {kv_heads}"
     if h > 256:
         return f"head_dim {h} > 256"
     return None
@@ -194,38 +203,35 @@ def supported(q, k_cache) -> str | None:
 def decode_attention(q, k_cache, v_cache, prefix_len, block_mask=None, *,
                      config: DecodeConfig | None = None, interpret: bool = False):
     """Cache attention for T = 1 (see `tree_attention.reference`): q [B, 1, N, H];
-    k_cache/v_cache [B, K, S, H]; prefix_len [B]. block_mask, if given, must be all true
-    ([B, 1, 1]: a query always sees its own key) and is ignored."""
-    why = supported(q, k_cache)
+    k_cache/v_cache [B, K, S, H] or `paged.Pages`; prefix_len [B]. block_mask, if given, must
+    be all true ([B, 1, 1]: a query always sees its own key) and is ignored."""
+    paged = isinstance(k_cache, Pages)
+    kh = (k_cache.pool if paged else k_cache).shape[1]
+    why = supported(q, kh)
     if why is not None:
         raise NotImplementedError(f"decode attention: {why}")
     b, _, n, h = q.shape
-    _, kh, s, _ = k_cache.shape
-    cfg, bh, ns = launch_shape(q, kh, s, config)
+    cfg, bh, ns = launch_shape(q, kh, k_cache.num_slots if paged else k_cache.shape[2], config)
     layout = HeadLayout.whole(h)
     hp = layout.value_width
-    if s < cfg.block_k:  # tiny cache: pad it so that every (masked) block load stays in bounds
-        pad = ((0, 0), (0, 0), (0, cfg.block_k - s), (0, 0))
-        k_cache, v_cache, s = jnp.pad(k_cache, pad), jnp.pad(v_cache, pad), cfg.block_k
+    block_k, cache, cache_specs = common.cache_operands(
+        k_cache, v_cache, cfg.block_k, cfg.block_k, hp, interpret, "decode attention")
 
     qr = common.pack_rows(q, kh, bh, hp)  # [B, K, bh, hp]
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
-    kernel = functools.partial(_kernel, layout=layout, block_k=cfg.block_k, num_splits=ns,
+    kernel = functools.partial(_kernel, layout=layout, block_k=block_k, num_splits=ns,
                                scale=h ** -0.5, precision=precision, interpret=interpret)
     out_specs, out_shape = partial_outputs(b, kh, ns, bh, hp)
+    len_spec = pl.BlockSpec((None,), lambda bi, hi, si: (bi,))
+    q_spec = pl.BlockSpec((None, None, bh, hp), lambda bi, hi, si: (bi, hi, 0, 0))
     o, lse = pl.pallas_call(
         kernel,
         grid=(b, kh, ns),
-        in_specs=[
-            pl.BlockSpec((None,), lambda bi, hi, si: (bi,)),
-            pl.BlockSpec((None, None, bh, hp), lambda bi, hi, si: (bi, hi, 0, 0)),
-            pl.BlockSpec((None, None, s, hp), lambda bi, hi, si: (bi, hi, 0, 0)),
-            pl.BlockSpec((None, None, s, hp), lambda bi, hi, si: (bi, hi, 0, 0)),
-        ],
+        in_specs=[len_spec, q_spec, *cache_specs],
         out_specs=out_specs,
         out_shape=out_shape,
         compiler_params=pltr.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
         name="decode_attention_splitk",
-    )(prefix_len.astype(jnp.int32), qr, k_cache, v_cache)
+    )(prefix_len.astype(jnp.int32), qr, *cache)
     return merge_splits(o, lse, n, h, q.dtype)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pallas_kernels import common, dispatch
+from pallas_kernels import common, dispatch, paged
 from pallas_kernels.tree_attention import mask as mask_lib
 from pallas_kernels.tree_attention.reference import cache_attention_reference
 
@@ -39,6 +39,7 @@ def _hopper(q, k_cache, v_cache, prefix_len, block_mask, *, interpret, config):
     from pallas_kernels.tree_attention.hopper import cache_attention_hopper
 
     common.require_gpu("Hopper tree-attention kernel", interpret, hopper=True)
+    paged.refuse(k_cache, "Hopper tree-attention kernel")
     return cache_attention_hopper(q, k_cache, v_cache, prefix_len, block_mask, config=config,
                                   interpret=interpret)
 
@@ -58,9 +59,9 @@ IMPLEMENTATIONS = {"decode": _decode, "hopper": _hopper, "portable": _portable,
 def cache_attention(q, k_cache, v_cache, prefix_len, block_mask=None, *,
                     impl: str | Sequence[str] | None = None, interpret: bool = False,
                     config=None):
-    """See `reference.cache_attention_reference` for the contract. block_mask: None (causal),
-    bool [B, T, T], or bit-packed uint32 [B, T, ceil(T/32)] (`mask.pack_block_mask`).
-    config: a kernel config (for a list naming one kernel)."""
+    """See `reference.cache_attention_reference` for the contract (paged caches: the reference
+    only). block_mask: None (causal), bool [B, T, T], or bit-packed uint32 [B, T, ceil(T/32)]
+    (`mask.pack_block_mask`). config: a kernel config (for a list naming one kernel)."""
     return dispatch.run("cache attention", DEFAULT if impl is None else impl, IMPLEMENTATIONS,
                         q, k_cache, v_cache, prefix_len, block_mask, interpret=interpret,
                         config=config)

@@ -11,6 +11,10 @@ block once for all of them. Each program:
      (uint32 words [B, T, ceil(T/32)]) or the causal rule;
 with an online softmax in float32 (exp2 domain). With one split the normalized output is
 written directly; with several, per-split outputs and log-sum-exps are merged afterwards.
+
+A paged cache (`paged.Pages`) is read in place through the program's row of the block table:
+the prefix in steps of block_k slots (a divisor of the block size: each step lies in one
+block), the block keys, which start anywhere, by gathering each slot from its block.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltr
 
 from pallas_kernels import common
+from pallas_kernels.paged import Pages
 from pallas_kernels.tree_attention import mask as mask_lib
 from pallas_kernels.tree_attention.config import PortableConfig, portable_config
 
@@ -33,9 +38,10 @@ def _cdiv(x, c: int):
     return lax.div(x + (c - 1), c)
 
 
-def _kernel(prefix_ref, extent_ref, words_ref, q_ref, k_ref, v_ref, *out_refs, num_queries,
+def _kernel(prefix_ref, extent_ref, words_ref, q_ref, k_ref, v_ref, *refs, num_queries,
             group, head_dim, block_q, block_k, block_kb, num_splits, causal, scale,
-            precision, interpret):
+            precision, interpret, paged):
+    table_ref, out_refs = (refs[0], refs[1:]) if paged else (None, refs)
     t_total, g = num_queries, group
     hp = q_ref.shape[-1]
     rb = pl.program_id(2)
@@ -46,12 +52,16 @@ def _kernel(prefix_ref, extent_ref, words_ref, q_ref, k_ref, v_ref, *out_refs, n
     q = q_ref[...]
     qk_scale = scale * common.LOG2E
 
-    def load_kv(ref, start, size, row_ok):
-        return common.load_rows(ref, start, size, hp, head_ok, row_ok)
+    def load_kv(ref, start, size, row_ok, aligned):
+        """aligned: start a multiple of size (block_k), so a paged step lies in one block."""
+        if table_ref is None or aligned:
+            lead, row = common.block_row(ref, table_ref, start)
+            return common.load_rows(ref, row, size, hp, head_ok, row_ok, lead=lead)
+        return common.gather_rows(ref, table_ref, start, size, hp, head_ok, row_ok)
 
-    def step(start, size, carry, row_ok, visible):
+    def step(start, size, carry, row_ok, visible, aligned=True):
         acc, m_i, l_i = carry
-        k = load_kv(k_ref, start, size, row_ok)
+        k = load_kv(k_ref, start, size, row_ok, aligned)
         s = common.kernel_dot(q, k, trans_b=True, precision=precision, upcast=interpret)
         s = s * qk_scale  # [bq, size] f32
         if visible is not None:
@@ -60,7 +70,7 @@ def _kernel(prefix_ref, extent_ref, words_ref, q_ref, k_ref, v_ref, *out_refs, n
         alpha = jnp.exp2(m_i - m_new)
         p = jnp.exp2(s - m_new[:, None])
         l_new = l_i * alpha + jnp.sum(p, axis=1)
-        v = load_kv(v_ref, start, size, row_ok)
+        v = load_kv(v_ref, start, size, row_ok, aligned)
         pv = common.kernel_dot(p.astype(v.dtype), v, precision=precision, upcast=interpret)
         return acc * alpha[:, None] + pv, m_new, l_new
 
@@ -117,7 +127,7 @@ def _kernel(prefix_ref, extent_ref, words_ref, q_ref, k_ref, v_ref, *out_refs, n
             shift = lax.rem(j, mask_lib.WORD_BITS)
             bits = lax.shift_right_logical(words, jnp.broadcast_to(shift[None, :], words.shape))
             vis = ((bits & 1) != 0) & j_ok[None, :]
-        return step(prefix + i * block_kb, block_kb, c, j_ok, vis)
+        return step(prefix + i * block_kb, block_kb, c, j_ok, vis, aligned=False)
 
     acc, m_i, l_i = lax.fori_loop(0, n_block, block_body, carry)
 
@@ -132,10 +142,9 @@ def _kernel(prefix_ref, extent_ref, words_ref, q_ref, k_ref, v_ref, *out_refs, n
         lse_ref[...] = jnp.where(seen, m_i + jnp.log2(jnp.where(seen, l_i, 1.0)), -jnp.inf)
 
 
-def supported(q, k_cache) -> str | None:
-    """None if the portable kernel serves these shapes, else the reason."""
+def supported(q, kh: int) -> str | None:
+    """None if the portable kernel serves these shapes (kh KV heads), else the reason."""
     b, t, n, h = q.shape
-    kh = k_cache.shape[1]
     if n % kh:
         return f"num_q_heads {n} not a multiple of num_kv_heads {kh}"
     if h > 256:
@@ -149,13 +158,15 @@ def supported(q, k_cache) -> str | None:
 @functools.partial(jax.jit, static_argnames=("config", "interpret"))
 def cache_attention_portable(q, k_cache, v_cache, prefix_len, block_mask=None, *,
                              config: PortableConfig | None = None, interpret: bool = False):
-    """Same contract as `reference.cache_attention_reference`. block_mask: None (causal),
-    bool [B, T, T], or bit-packed uint32 [B, T, ceil(T/32)]."""
-    why = supported(q, k_cache)
+    """Same contract as `reference.cache_attention_reference` (caches dense or `Pages`).
+    block_mask: None (causal), bool [B, T, T], or bit-packed uint32 [B, T, ceil(T/32)]."""
+    paged = isinstance(k_cache, Pages)
+    kh = (k_cache.pool if paged else k_cache).shape[1]
+    why = supported(q, kh)
     if why is not None:
         raise NotImplementedError(f"portable cache attention: {why}")
     b, t, n, h = q.shape
-    _, kh, s, _ = k_cache.shape
+    s = k_cache.num_slots if paged else k_cache.shape[2]
     g = n // kh
     rows = t * g
     cfg = config or portable_config(rows, h, batch=b, num_queries=t, kv_len=s,
@@ -168,10 +179,9 @@ def cache_attention_portable(q, k_cache, v_cache, prefix_len, block_mask=None, *
     hp = max(16, common.next_pow2(h))
     causal = block_mask is None
 
-    min_s = max(cfg.block_k, cfg.block_kb)
-    if s < min_s:  # tiny cache: pad it so that every (masked) block load stays in bounds
-        pad = ((0, 0), (0, 0), (0, min_s - s), (0, 0))
-        k_cache, v_cache, s = jnp.pad(k_cache, pad), jnp.pad(v_cache, pad), min_s
+    block_k, cache, cache_specs = common.cache_operands(
+        k_cache, v_cache, cfg.block_k, max(cfg.block_k, cfg.block_kb), hp, interpret,
+        "portable cache attention")
 
     qr = common.pack_rows(q, kh, rp, hp)
     prefix_len = prefix_len.astype(jnp.int32)
@@ -187,21 +197,20 @@ def cache_attention_portable(q, k_cache, v_cache, prefix_len, block_mask=None, *
     if cfg.num_splits is not None:
         ns = cfg.num_splits
     else:
-        ns = common.auto_num_splits(b * kh * nrb, s, cfg.block_k)
+        ns = common.auto_num_splits(b * kh * nrb, s, block_k)
 
     precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
     kernel = functools.partial(
-        _kernel, num_queries=t, group=g, head_dim=h, block_q=block_q, block_k=cfg.block_k,
+        _kernel, num_queries=t, group=g, head_dim=h, block_q=block_q, block_k=block_k,
         block_kb=cfg.block_kb, num_splits=ns, causal=causal, scale=h ** -0.5,
-        precision=precision, interpret=interpret)
+        precision=precision, interpret=interpret, paged=paged)
 
     in_specs = [
         pl.BlockSpec((None,), lambda bi, hi, ri, si: (bi,)),
         pl.BlockSpec((None, None), lambda bi, hi, ri, si: (bi, ri)),
         pl.BlockSpec((None, words.shape[1], nw), lambda bi, hi, ri, si: (bi, 0, 0)),
         pl.BlockSpec((None, None, block_q, hp), lambda bi, hi, ri, si: (bi, hi, ri, 0)),
-        pl.BlockSpec((None, None, s, hp), lambda bi, hi, ri, si: (bi, hi, 0, 0)),
-        pl.BlockSpec((None, None, s, hp), lambda bi, hi, ri, si: (bi, hi, 0, 0)),
+        *cache_specs,
     ]
     if ns == 1:
         out_shape = [jax.ShapeDtypeStruct((b, kh, rp, hp), q.dtype)]
@@ -222,7 +231,7 @@ def cache_attention_portable(q, k_cache, v_cache, prefix_len, block_mask=None, *
         compiler_params=pltr.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
         name="tree_attention_portable",
-    )(prefix_len, extent, words, qr, k_cache, v_cache)
+    )(prefix_len, extent, words, qr, *cache)
     if ns == 1:
         o = outs[0]
     else:

@@ -3,6 +3,8 @@
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.paged import logical
+
 
 def visibility(prefix_len, block_mask, num_queries, num_slots):
     """Dense [B, T, S] visibility: slots < prefix_len, plus block slot prefix_len + j where
@@ -31,9 +33,11 @@ def _cpu_safe(x):
 
 
 def cache_attention_reference(q, k_cache, v_cache, prefix_len, block_mask=None):
-    """q [B, T, N, H]; k_cache, v_cache [B, K, S, H]; prefix_len [B]; block_mask [B, T, T] bool
-    or None (causal). The block's own keys must already sit at slots prefix_len + j.
-    Returns [B, T, N, H] in q.dtype; softmax in float32."""
+    """q [B, T, N, H]; k_cache, v_cache [B, K, S, H] or `paged.Pages` (read as their logical
+    view); prefix_len [B]; block_mask [B, T, T] bool or None (causal). The block's own keys
+    must already sit at slots prefix_len + j. Returns [B, T, N, H] in q.dtype; softmax in
+    float32."""
+    k_cache, v_cache = logical(k_cache), logical(v_cache)
     visible = visibility(prefix_len, block_mask, q.shape[1], k_cache.shape[2])
     return masked_attention(q, k_cache, v_cache, visible)
 
