@@ -13,11 +13,14 @@ does not share its interpreter. --random: random weights of a preset and a rando
 block-16 head: acceptance is near 1, so this measures costs, not speedups.
 
 Soak (--soak-minutes): the speculative server alone, a mix of greedy and sampled, streamed and
-whole requests for that long; first each prompt's greedy tokens alone (concurrency 1), then
-every greedy response must equal them and every response must be complete (finish reason,
-usage equal to the tokens returned, streamed text equal to the whole text). Nonzero exit on a
-lost or corrupt response. Rows are written after each (mode, concurrency); --resume skips the
-rows the --out file has.
+whole requests for that long, with bad requests (each must get a 4xx in the OpenAI error
+format) and clients that give up mid-answer mixed in; first each prompt's greedy tokens alone
+(concurrency 1), then every greedy response must equal them and every response must be
+complete (finish reason, usage equal to the tokens returned, streamed text equal to the whole
+text), and after each batch the server must hold no request (slots and queue back to 0). The
+server's resident memory is recorded after each batch. Nonzero exit on a lost or corrupt
+response, a 5xx, or a request left behind. Rows are written after each (mode, concurrency);
+--resume skips the rows the --out file has.
 """
 
 from __future__ import annotations
@@ -152,6 +155,45 @@ async def one_request(client, url, prompt, max_tokens, *, stream=True, temperatu
                 ids=ids, finish=finish, usage=usage)
 
 
+BAD_BODIES = (  # each must get a 4xx naming its problem, never a 5xx
+    b'{"model": "bench", "messages": [{"role": "user", "content": "hi"}', # truncated JSON
+    json.dumps(dict(model="bench", messages=[])).encode(),
+    json.dumps(dict(model="bench", messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=10**9)).encode(),
+    json.dumps(dict(model="bench", messages=[{"role": "user", "content": "hi"}],
+                    top_k=10**12)).encode(),
+    json.dumps(dict(model="bench", messages=[{"role": "user", "content": "hi"}],
+                    temperature="hot")).encode(),
+)
+
+
+async def bad_request(client, url, body: bytes) -> dict:
+    r = await client.post(url + "/v1/chat/completions", content=body,
+                          headers={"content-type": "application/json"})
+    try:
+        error = r.json().get("error")
+    except ValueError:
+        error = None
+    return dict(status=r.status_code, error=error, bad=True)
+
+
+async def given_up_request(client, url, prompt, max_tokens, *, stream: bool) -> dict:
+    """A client that gives up: a stream dropped after its first chunk, or a whole answer
+    abandoned after 0.3 s; the server must free its row."""
+    body = dict(model="bench", messages=[{"role": "user", "content": prompt}],
+                max_tokens=max_tokens, stream=stream)
+    try:
+        if stream:
+            async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                async for _ in r.aiter_lines():
+                    break
+                return dict(status=r.status_code, given_up=True)
+        r = await asyncio.wait_for(client.post(url + "/v1/chat/completions", json=body), 0.3)
+        return dict(status=r.status_code, given_up=True)
+    except asyncio.TimeoutError:
+        return dict(status=0, given_up=True)
+
+
 async def run_load(url, concurrency, num_requests, rate, max_tokens, rng, make=None) -> tuple:
     """num_requests arriving as a Poisson process of `rate` per second, at most `concurrency`
     in flight -> (results, wall seconds)."""
@@ -165,6 +207,11 @@ async def run_load(url, concurrency, num_requests, rate, max_tokens, rng, make=N
             await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
             async with limit:
                 kw = make(i)
+                if "bad_body" in kw:
+                    return dict(one=await bad_request(client, url, kw["bad_body"]), i=i)
+                if kw.pop("give_up", False):
+                    return dict(one=await given_up_request(client, url, kw["prompt"],
+                                                           max_tokens, stream=kw["stream"]), i=i)
                 return dict(one=await one_request(client, url, kw.pop("prompt"), max_tokens,
                                                   **kw), i=i)
 
@@ -182,7 +229,7 @@ def pct(xs, q):
 
 
 def summarise(results, wall) -> dict:
-    ok = [r["one"] for r in results if r["one"]["status"] == 200]
+    ok = [r["one"] for r in results if r["one"]["status"] == 200 and "ids" in r["one"]]
     tokens = sum(len(r["ids"]) for r in ok)
     ttft = [r["first"] - r["start"] for r in ok if r["first"]]
     tpot = [(r["end"] - r["first"]) / (len(r["ids"]) - 1) for r in ok
@@ -212,7 +259,7 @@ def table(rows) -> str:
 
 
 def soak(args, opts, result) -> int:
-    """-> the number of lost or corrupt responses."""
+    """-> the number of lost or corrupt responses, 5xx answers and requests left behind."""
     rng = random.Random(0)
     with ChildServer({**opts, "mode": "speculative"}) as server:
         async def references():
@@ -225,36 +272,78 @@ def soak(args, opts, result) -> int:
         print(f"references: {[len(r['ids']) for r in ref]} tokens", flush=True)
         began = time.monotonic()
         deadline = began + 60 * args.soak_minutes
-        bad, total, greedy_total, rows, batch = [], 0, 0, [], 0
+        bad, total, greedy_total, rows, batch, memory = [], 0, 0, [], 0, []
+        counts = dict(bad_requests=0, given_up=0)
         while time.monotonic() < deadline:
             kinds = {}
 
             def make(i, kinds=kinds):
-                greedy, stream = rng.random() < 0.75, rng.random() < 0.5
-                kinds[i] = (i % len(PROMPTS), greedy, stream)
+                draw, greedy, stream = rng.random(), rng.random() < 0.75, rng.random() < 0.5
+                kinds[i] = (i % len(PROMPTS), greedy, stream, draw)
+                if draw < 0.1:
+                    return dict(bad_body=BAD_BODIES[i % len(BAD_BODIES)])
                 return dict(prompt=PROMPTS[i % len(PROMPTS)], stream=stream,
-                            temperature=0.0 if greedy else 0.8, seed=i)
+                            temperature=0.0 if greedy else 0.8, seed=i, give_up=draw < 0.2)
 
             n = args.concurrency[0]
             results, wall = asyncio.run(run_load(server.url, args.concurrency[0], n,
                                                  args.rate or 2.0 * n, args.max_tokens, rng, make))
             for r in results:
-                one, (p, greedy, stream) = r["one"], kinds[r["i"]]
-                problems = check_response(one, ref[p] if greedy else None)
+                one, (p, greedy, stream, draw) = r["one"], kinds[r["i"]]
+                if one.get("bad"):
+                    counts["bad_requests"] += 1
+                    problems = ([] if 400 <= one["status"] < 500 and one["error"] else
+                                [f"bad request answered {one['status']}, error {one['error']}"])
+                elif one.get("given_up"):
+                    counts["given_up"] += 1
+                    problems = [f"HTTP {one['status']}"] if one["status"] >= 500 else []
+                else:
+                    problems = check_response(one, ref[p] if greedy else None)
                 if problems:
                     bad.append(dict(prompt=p, greedy=greedy, stream=stream, problems=problems))
+            if left := held_requests(server.url):
+                bad.append(dict(problems=[f"after batch {batch + 1}: {left}"]))
             total += n
-            greedy_total += sum(g for _, g, _ in kinds.values())
+            greedy_total += sum(g for _, g, _, d in kinds.values() if d >= 0.2)
             batch += 1
+            memory.append(resident_mib(server.proc.pid))
             rows.append(summarise(results, wall))
             print(f"soak batch {batch}: {total} requests, {len(bad)} bad, "
-                  f"{rows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
+                  f"{rows[-1]['tokens_per_s']:.1f} tok/s, server {memory[-1]:.0f} MiB",
+                  flush=True)
     result["soak"] = dict(minutes=args.soak_minutes, concurrency=args.concurrency[0],
                           seconds=time.monotonic() - began, requests=total,
-                          greedy=greedy_total, bad=len(bad), failures=bad[:20],
+                          greedy=greedy_total, **counts, bad=len(bad), failures=bad[:20],
                           tokens_per_s=sum(r["tokens"] for r in rows)
-                          / sum(r["seconds"] for r in rows))
+                          / sum(r["seconds"] for r in rows),
+                          server_mib=dict(first=memory[0], max=max(memory), last=memory[-1])
+                          if memory else None)
     return len(bad)
+
+
+def held_requests(url: str, wait_s: float = 10.0) -> str:
+    """"" when the server holds no request (no active slot, nothing queued or prefilling)
+    within wait_s of a batch's end (a given-up row is freed at a round boundary), else what
+    it still holds."""
+    import httpx
+
+    deadline, held = time.monotonic() + wait_s, {}
+    while time.monotonic() < deadline:
+        text = httpx.get(url + "/metrics", timeout=10).text
+        held = {name: float(line.split()[-1]) for line in text.splitlines()
+                for name in ("slots_active", "queue_depth", "prefilling")
+                if line.startswith(f"jetspec_{name} ")}
+        if not any(held.values()):
+            return ""
+        time.sleep(0.2)
+    return ", ".join(f"{k} {v:g}" for k, v in held.items() if v)
+
+
+def resident_mib(pid: int) -> float:
+    """The process's resident memory (Linux /proc), MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kib / 1024
 
 
 def check_response(one: dict, expected: dict | None) -> list[str]:
