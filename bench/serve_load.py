@@ -118,12 +118,17 @@ class ChildServer:
 # ---- the load --------------------------------------------------------------------------------
 
 
+def chat_body(prompt: str, max_tokens: int, **fields) -> dict:
+    """A chat completion request of one user turn."""
+    return dict(model="bench", messages=[{"role": "user", "content": prompt}],
+                max_tokens=max_tokens, **fields)
+
+
 async def one_request(client, url, prompt, max_tokens, *, stream=True, temperature=0.0,
                       seed=None) -> dict:
     """One chat completion -> its timings, text, token ids and finish reason."""
-    body = dict(model="bench", messages=[{"role": "user", "content": prompt}],
-                max_tokens=max_tokens, temperature=temperature, seed=seed, stream=stream,
-                return_token_ids=True)
+    body = chat_body(prompt, max_tokens, temperature=temperature, seed=seed, stream=stream,
+                     return_token_ids=True)
     start = time.perf_counter()
     first, text, ids, finish, usage = None, [], [], None, None
     if not stream:
@@ -180,8 +185,7 @@ async def bad_request(client, url, body: bytes) -> dict:
 async def given_up_request(client, url, prompt, max_tokens, *, stream: bool) -> dict:
     """A client that gives up: a stream dropped after its first chunk, or a whole answer
     abandoned after 0.3 s; the server must free its row."""
-    body = dict(model="bench", messages=[{"role": "user", "content": prompt}],
-                max_tokens=max_tokens, stream=stream)
+    body = chat_body(prompt, max_tokens, stream=stream)
     try:
         if stream:
             async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -279,7 +283,7 @@ def soak(args, opts, result) -> int:
 
             def make(i, kinds=kinds):
                 draw, greedy, stream = rng.random(), rng.random() < 0.75, rng.random() < 0.5
-                kinds[i] = (i % len(PROMPTS), greedy, stream, draw)
+                kinds[i] = (i % len(PROMPTS), greedy, stream)
                 if draw < 0.1:
                     return dict(bad_body=BAD_BODIES[i % len(BAD_BODIES)])
                 return dict(prompt=PROMPTS[i % len(PROMPTS)], stream=stream,
@@ -289,7 +293,7 @@ def soak(args, opts, result) -> int:
             results, wall = asyncio.run(run_load(server.url, args.concurrency[0], n,
                                                  args.rate or 2.0 * n, args.max_tokens, rng, make))
             for r in results:
-                one, (p, greedy, stream, draw) = r["one"], kinds[r["i"]]
+                one, (p, greedy, stream) = r["one"], kinds[r["i"]]
                 if one.get("bad"):
                     counts["bad_requests"] += 1
                     problems = ([] if 400 <= one["status"] < 500 and one["error"] else
@@ -298,13 +302,13 @@ def soak(args, opts, result) -> int:
                     counts["given_up"] += 1
                     problems = [f"HTTP {one['status']}"] if one["status"] >= 500 else []
                 else:
+                    greedy_total += greedy
                     problems = check_response(one, ref[p] if greedy else None)
                 if problems:
                     bad.append(dict(prompt=p, greedy=greedy, stream=stream, problems=problems))
             if left := held_requests(server.url):
                 bad.append(dict(problems=[f"after batch {batch + 1}: {left}"]))
             total += n
-            greedy_total += sum(g for _, g, _, d in kinds.values() if d >= 0.2)
             batch += 1
             memory.append(resident_mib(server.proc.pid))
             rows.append(summarise(results, wall))

@@ -187,6 +187,11 @@ def _greedy_rows(n: int) -> dict[str, np.ndarray]:
                 top_p=np.ones(n, np.float32))
 
 
+def _row_sampler(rows: dict[str, np.ndarray]) -> RowSampler:
+    """The `RowSampler` of rows' sampling options (`_greedy_rows`' fields)."""
+    return RowSampler(**{k: jnp.asarray(v) for k, v in rows.items()})
+
+
 @dataclasses.dataclass(eq=False)
 class Prefill:
     """Arrivals prefilled together, a pass at a time: their prompts [B, S] (B a slot bucket,
@@ -311,7 +316,7 @@ class Engine:
         shapes = jax.eval_shape(
             functools.partial(_rows, **self.static), self.tparams, self.dparams, cache, last,
             taps, shape(b, self.num_slots), shape(b), jax.random.split(jax.random.key(0), b),
-            self._row_sampler())
+            _row_sampler(self.rows))
 
         def zeros():
             state = jax.tree.map(
@@ -322,11 +327,8 @@ class Engine:
 
         return api.zeros_on_mesh(zeros, self.target)
 
-    def _row_sampler(self) -> RowSampler:
-        return RowSampler(**{k: jnp.asarray(v) for k, v in self.rows.items()})
-
     def _run_round(self, active: int):
-        return _advance(self.tparams, self.dparams, self.state, self._row_sampler(),
+        return _advance(self.tparams, self.dparams, self.state, _row_sampler(self.rows),
                         active=active, tree_spec=self.specs[active], chunk=self.chunk,
                         **self.static)
 
@@ -434,7 +436,7 @@ class Engine:
             self.tparams, self.dparams, self.state, p.cache, p.last, tuple(p.taps),
             jnp.asarray(p.prompt), jnp.asarray(p.lens),
             jnp.stack([_key(s) for s in seeds + [0] * (n - len(seeds))]),
-            RowSampler(**{k: jnp.asarray(v) for k, v in rows.items()}), jnp.asarray(slots),
+            _row_sampler(rows), jnp.asarray(slots),
             **self.static)
         for i, r in enumerate(p.requests):
             if r not in live:
