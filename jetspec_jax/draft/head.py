@@ -238,8 +238,8 @@ def draft_block(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, cache: K
     b, blk = anchor.shape[0], dcfg.block_size
     depths = blk - 1 if depths is None else depths
     # A causal block's slot j sees slots <= j only, so the slots past the deepest drafted one
-    # change nothing and are left out (the head's layers cost per slot: 5% of a budget-4 round
-    # on a CPU); a bidirectional block needs them all.
+    # change nothing and are left out (the head's layers cost per slot); a bidirectional
+    # block needs them all.
     n = depths + 1 if dcfg.causal else blk
     positions = cache.lengths[:, None] + jnp.arange(n, dtype=jnp.int32)
     x = head_hidden(dparams, dcfg, cache, block_inputs(dparams, dcfg, tparams, anchor)[:, :n],

@@ -50,8 +50,8 @@ def masked_attention(q, k, v, visible):
     k_heads = k.shape[1]
     g = n // k_heads
     qg = q.reshape(b, t, k_heads, g, h)  # [B, T, K, G, H]
-    if t == 1:  # k first: q first, XLA:CPU copies the whole KV cache at every decode step
-        #          (8% of a SmolLM2 float32 step); a tree's T > 1 queries run faster q first
+    if t == 1:  # k first: q first, XLA:CPU copies the whole KV cache at every decode step;
+        #          a tree's T > 1 queries ran faster q first
         logits = jnp.einsum("BKSH,BTKGH->BKGTS", _cpu_safe(k), _cpu_safe(qg),
                             preferred_element_type=jnp.float32)
     else:
