@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import time
 
 import jax
@@ -23,14 +24,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.common.results_io import command_line, write_json
+from bench.trace_summary import profile
 from jetspec_jax.train import data as D
 from jetspec_jax.train.throughput import step_flops
 from jetspec_jax.train.trainer import TrainConfig, fresh_params, make_optimizer, make_steps
 from jetspec_jax.draft.head import draft_specs
 
 
-def time_variant(cfg: TrainConfig, tparams, tcfg, data, vocab, stored: bool, steps: int):
-    """(compile seconds, median step seconds) of cfg's step on batches of data."""
+def time_variant(cfg: TrainConfig, tparams, tcfg, data, vocab, stored: bool, steps: int,
+                 profile_dir: str | None = None):
+    """(compile seconds, median step seconds) of cfg's step on batches of data; with
+    profile_dir, one more step traced there and its busiest device ops printed."""
     dcfg = cfg.draft_config(tcfg, vocab)
     tx = make_optimizer(cfg)[0]
     dparams = fresh_params(cfg, draft_specs(dcfg), tparams)
@@ -48,6 +52,12 @@ def time_variant(cfg: TrainConfig, tparams, tcfg, data, vocab, stored: bool, ste
         times.append(time.perf_counter() - start)
         if i == 0:
             compile_s = time.perf_counter() - t0
+    if profile_dir:  # the step donates its state: each run gets copies
+        def step():
+            copies = jax.tree.map(jnp.copy, (dparams, opt_state))
+            return train_step(*copies, tparams, batch, jax.random.key(0))
+
+        print(profile(step, trace_dir=profile_dir, top=20), flush=True)
     return dcfg, compile_s, float(np.median(times[2:]))
 
 
@@ -65,6 +75,8 @@ def main(argv=None) -> None:
     p.add_argument("--no-online", action="store_true", help="skip the online-teacher baseline")
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--tiny", action="store_true", help="a random tiny target and data (CPU)")
+    p.add_argument("--profile", metavar="DIR", help="trace a step of each variant under DIR "
+                   "and print where its device time went")
     p.add_argument("--out")
     args = p.parse_args(argv)
     if args.tiny:
@@ -92,8 +104,10 @@ def main(argv=None) -> None:
                                   batch_size=batch, num_anchors=args.anchors, anchor_chunk=chunk,
                                   gamma=3.0, depth1_weight=3.0, draft_vocab=n)
                 vocab = D.frequent_tokens(data, n, tcfg.vocab_size, eos) if n else None
+                tag = f"{re.sub(r'[^A-Za-z0-9]+', '_', name)}_{batch}_{chunk}"
+                trace = args.profile and f"{args.profile}/{tag}"
                 dcfg, compile_s, step_s = time_variant(cfg, tparams, tcfg, data, vocab, stored,
-                                                       args.steps)
+                                                       args.steps, trace)
                 flops = step_flops(tcfg, dcfg, batch=batch, seq_len=seq_len, anchors=args.anchors,
                                    anchor_chunk=chunk, teacher="stored" if stored else "online")
                 rows.append({"variant": name, "batch": batch, "anchor_chunk": chunk,
@@ -127,7 +141,7 @@ def _tiny_data():
     tokens = rng.integers(2, tcfg.vocab_size, (16, 24)).astype(np.int32)
     lengths = rng.integers(12, 25, 16).astype(np.int32)
     data = {"tokens": tokens, "lengths": lengths, "prompt_lengths": np.full(16, 4, np.int32)}
-    return tparams, tcfg, data | label_top_k(tparams, tcfg, tokens, lengths, 8, batch_size=8,
+    return tparams, tcfg, data | label_top_k(tparams, tcfg, tokens, lengths, 8, batch_tokens=64,
                                                bucket=8)
 
 

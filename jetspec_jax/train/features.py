@@ -38,7 +38,7 @@ from jetspec_jax.model import target
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.train.data import MANIFEST, DatasetError, _read_manifest
 from jetspec_jax.train.head_forward import target_pass
-from jetspec_jax.train.teacher import length_batches, top_k_teacher
+from jetspec_jax.train.teacher import top_k_teacher, width_batches
 
 FEATURE_FORMAT = 1
 ARRAYS = ("tokens", "lengths", "prompt_lengths", "taps", "top_logp", "top_ids")
@@ -154,7 +154,7 @@ def _cache_shard(run, file: Path, dest: Path, settings: dict, tcfg, batch_size: 
             tmp / f"{name}.npy", mode="w+", dtype=d, shape=shape)
         taps, top_logp, top_ids = (mm("taps", (n, t, kd), dt), mm("top_logp", (n, t, k), dt),
                                    mm("top_ids", (n, t, k), np.int32))
-        for rows, batch in length_batches(tokens, lengths, batch_size, bucket):
+        for rows, batch in width_batches(tokens, lengths, batch_size * t, bucket):
             out = jax.device_get(run(jnp.asarray(batch)))
             for i, r in enumerate(rows):
                 m = int(lengths[r])

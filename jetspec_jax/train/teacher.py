@@ -21,47 +21,77 @@ from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.train.head_forward import target_pass
 
 
-def top_k_teacher(logits, top_k: int):
+def top_k_teacher(logits, top_k: int, group: int = 128):
     """logits [..., V] -> the K most likely tokens' log-probabilities (under the full softmax)
     and ids [..., K] int32, most likely first: top_k of the logits minus their logsumexp (the
     log-softmax's top-K without a second [..., V] array)."""
     logits = logits.astype(jnp.float32)
-    top, ids = jax.lax.top_k(logits, top_k)
-    return top - jax.nn.logsumexp(logits, axis=-1, keepdims=True), ids.astype(jnp.int32)
+    top, ids = exact_top_k(logits, top_k, group)
+    return top - jax.nn.logsumexp(logits, axis=-1, keepdims=True), ids
 
 
-def length_batches(tokens: np.ndarray, lengths: np.ndarray, batch_size: int,
-                   bucket: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(rows, batch [batch_size, width]) over tokens [S, T] sorted by length, each width the
-    batch's longest row rounded up to a multiple of bucket: little compute on padding, one
-    compiled program per width (causal attention makes the padded run equal the unpadded)."""
-    n, t = tokens.shape
-    order = np.argsort(lengths, kind="stable")
-    for start in range(0, n, batch_size):
-        rows = order[start:start + batch_size]
-        width = min(-(-max(int(lengths[rows].max()), 1) // bucket) * bucket, t)
-        batch = np.zeros((batch_size, width), np.int32)
-        batch[:len(rows)] = tokens[rows, :width]
-        yield rows, batch
+def exact_top_k(x, k: int, group: int = 128):
+    """`jax.lax.top_k` over the last axis (values, int32 ids), in two small selections where
+    the axis splits into many groups: the K groups with the largest maxima hold the K largest
+    entries (an entry outside them has K larger ones, one in each), so top_k over those groups'
+    K x group entries is exact, and no selection runs over the whole vocabulary."""
+    v = x.shape[-1]
+    if v % group or v // group < 4 * k:
+        top, ids = jax.lax.top_k(x, k)
+        return top, ids.astype(jnp.int32)
+    grouped = x.reshape(*x.shape[:-1], v // group, group)
+    _, best = jax.lax.top_k(grouped.max(-1), k)  # [..., K] group ids
+    cand = jnp.take_along_axis(grouped, best[..., None], axis=-2)  # [..., K, group]
+    top, at = jax.lax.top_k(cand.reshape(*x.shape[:-1], k * group), k)
+    ids = jnp.take_along_axis(best, at // group, axis=-1) * group + at % group
+    return top, ids.astype(jnp.int32)
 
 
 def label_top_k(tparams, tcfg: ModelConfig, tokens: np.ndarray, lengths: np.ndarray,
-                top_k: int, *, batch_size: int = 32, bucket: int = 64,
+                top_k: int, *, batch_tokens: int = 32768, bucket: int = 128,
                 dtype=np.float32) -> dict[str, np.ndarray]:
     """The teacher-forced target over sequences tokens [S, T] of lengths [S] -> top_logp [S, T, K]
     (dtype) and top_ids [S, T, K] int32: position t's K most likely next tokens (zeros past
-    each length)."""
+    each length). Batches hold about batch_tokens tokens (rows of one width, a multiple of
+    bucket: one compiled program per width); the next batch runs while the last is copied out."""
     if not 1 <= top_k <= tcfg.vocab_size:
         raise ValueError(f"teacher top-K must be in [1, {tcfg.vocab_size}], got {top_k}")
     n, t = tokens.shape
     out = {"top_logp": np.zeros((n, t, top_k), dtype), "top_ids": np.zeros((n, t, top_k), np.int32)}
     run = _top_k_program(tcfg, top_k)
-    for rows, batch in length_batches(tokens, lengths, batch_size, bucket):
-        logp, ids = jax.device_get(run(tparams, jnp.asarray(batch)))
+
+    def store(rows, result):
+        logp, ids = jax.device_get(result)
         for i, r in enumerate(rows):
             m = int(lengths[r])
             out["top_logp"][r, :m], out["top_ids"][r, :m] = logp[i, :m], ids[i, :m]
+
+    pending = None
+    for rows, batch in width_batches(tokens, lengths, batch_tokens, bucket):
+        result = run(tparams, jnp.asarray(batch))  # dispatched: runs while `pending` is read
+        if pending is not None:
+            store(*pending)
+        pending = rows, result
+    if pending is not None:
+        store(*pending)
     return out
+
+
+def width_batches(tokens: np.ndarray, lengths: np.ndarray, batch_tokens: int,
+                  bucket: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(rows, batch [rows per width, width]) over tokens [S, T] grouped by their length
+    rounded up to a multiple of bucket (at most T), batch_tokens // width rows a batch (at
+    least one; the last of a width padded with zero rows), shortest first."""
+    t = tokens.shape[1]
+    widths = np.minimum(-(-np.maximum(lengths, 1) // bucket) * bucket, t)
+    for width in np.unique(widths):
+        size = max(1, batch_tokens // int(width))
+        same = np.flatnonzero(widths == width)
+        for start in range(0, len(same), size):
+            rows = same[start:start + size]
+            batch = np.zeros((size, width), np.int32)
+            batch[:len(rows)] = tokens[rows, :width]
+            yield rows, batch
 
 
 _PROGRAMS: dict = {}
