@@ -7,8 +7,7 @@ The shipped head's last run (a training record, with its log):
 
   python -m bench.plot_training \
       bench/results/training/finetune_6795_to_8795_more_prompts_h200_2026-12-03.json \
-      --labels "from step 6,795 to the shipped 8,795" --step-offsets 6795 \
-      --out docs/img/finetune_curves.png
+      --labels "from step 6,795 to the shipped 8,795" --step-offsets 6795 --out curves.png
 
 --step-offsets: added to each log's steps (a run that started its own step count from a
 head's weights). Left: held-out tau at the tree budget the trainer evaluates with; middle: held-out KL per draft

@@ -3,7 +3,8 @@
 # decay) continued stretch after stretch until it ends. The run's state lives in STATE (float32
 # weights as safetensors parts, the training log): a stretch regenerates data with a seed of
 # its own, trains from STATE's weights until DEADLINE, and writes the weights and the log back
-# to STATE (written beside it, then moved in: an interrupted stretch leaves STATE as it was).
+# to STATE (written beside it, then moved in: an interrupted stretch leaves STATE as it was),
+# with its data's manifest (data-seedN.json: sequences, tokens, generation and teacher seconds).
 #   DEADLINE=$(($(date +%s) + 1800)) bash scripts/long_run.sh      # a 30-minute stretch
 # The first stretch starts from the shipped head (checkpoints/smollm2-135m-jetspec), with a
 # draft vocabulary picked from its data; later ones keep that vocabulary.
@@ -57,6 +58,8 @@ new="$STATE.new"
 rm -rf "$new" && mkdir -p "$new"
 cp "$RUN"/export/* "$new/"
 [[ -f "$STATE/README.md" ]] && cp "$STATE/README.md" "$new/"
+for f in "$STATE"/data-seed*.json; do [[ -f $f ]] && cp "$f" "$new/"; done
+cp "$RUN/data/manifest.json" "$new/data-seed$seed.json"  # what each stretch trained on
 rm -rf "$STATE.old"
 [[ -d "$STATE" ]] && mv "$STATE" "$STATE.old"
 mv "$new" "$STATE" && rm -rf "$STATE.old"

@@ -14,6 +14,7 @@ if [[ $1 == -c ]]; then echo "$TRAINED"; exit 0; fi
 echo "$@" >> "$CALLS"
 out=$(echo "$@" | sed -n 's/.*--out \\([^ ]*\\).*/\\1/p')
 case $3 in
+  train-data) mkdir -p "$out" && echo '{"num_seqs": 2}' > "$out/manifest.json" ;;
   train-draft) mkdir -p "$out" && echo '{"step": 1}' >> "$out/metrics.jsonl" ;;
   convert) [[ -n "${FAIL_EXPORT:-}" ]] && exit 3
            dst=$(echo "$@" | awk '{print $6}'); mkdir -p "$dst"
@@ -49,6 +50,7 @@ def test_stretches_continue_one_run(tmp_path):
     state = tmp_path / "state"
     assert (state / "part-00001-of-00001.safetensors").exists()
     assert (state / "metrics.jsonl").read_text().count("step") == 1
+    assert (state / "data-seed1000.json").read_text().strip() == '{"num_seqs": 2}'
 
     (tmp_path / "run").rename(tmp_path / "run-1")  # a later stretch, on a fresh machine
     done, calls = stretch(tmp_path, TRAINED="5000")
@@ -59,6 +61,8 @@ def test_stretches_continue_one_run(tmp_path):
     assert f"--init-head {state}/part-00001-of-00001.safetensors" in train[0]
     assert "--start-step" not in train[0]
     assert (state / "metrics.jsonl").read_text().count("step") == 2  # the log carried over
+    assert {p.name for p in state.glob("data-*.json")} == {"data-seed1000.json",
+                                                            "data-seed6000.json"}
 
 
 def test_an_unfinished_stretch_leaves_the_state(tmp_path):
@@ -69,7 +73,7 @@ def test_an_unfinished_stretch_leaves_the_state(tmp_path):
     assert done.returncode != 0
     assert (tmp_path / "state" / "metrics.jsonl").read_text() == before
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [
-        "metrics.jsonl", "part-00001-of-00001.safetensors"]
+        "data-seed1000.json", "metrics.jsonl", "part-00001-of-00001.safetensors"]
 
 
 def test_settings_are_required(tmp_path):
