@@ -46,6 +46,11 @@ def ours(args, target, ids) -> tuple[list[dict], list[list[int]]]:
                          budget=b, tokens=_n(sp["tokens"]), seconds=sp["seconds"],
                          compile_s=sp["compile_s"], tau=sp["tau"],
                          identical_to_ar=sp["tokens"] == ar["tokens"]))
+    ng = api.ngram_draft()  # prompt lookup, no head: what llama-lookup does
+    sp = generate(target, ids, args.max_new, draft=ng, budget=api.default_budget(ng))
+    rows.append(dict(engine="jetspec_jax", mode="n-gram drafter (no head)", ar=False,
+                     tokens=_n(sp["tokens"]), seconds=sp["seconds"], compile_s=sp["compile_s"],
+                     tau=sp["tau"], identical_to_ar=sp["tokens"] == ar["tokens"]))
     return rows, ar["tokens"]
 
 
