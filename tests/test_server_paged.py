@@ -7,6 +7,7 @@ before anything compiles."""
 import threading
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -25,11 +26,21 @@ MAX_NEW = max(LIMITS)
 
 class Watched(Engine):
     """Records the most requests in slots, blocks reserved and blocks held at its device
-    calls."""
+    calls, and the speculative rows a call ran fewer than `chunk` rounds for although they
+    had not finished (rows whose blocks ran out)."""
 
     def __init__(self, *args):
         super().__init__(*args)
         self.peak_slots = self.peak_reserved = self.peak_held = 0
+        self.short_rows = 0
+
+    def _run_round(self, active):
+        before = [r.rounds for r in self.slots]
+        state, view = super()._run_round(active)
+        _, _, done, rounds, _ = jax.device_get(view)
+        self.short_rows += sum(rounds[i] - b < self.chunk and not done[i]
+                               for i, b in enumerate(before))
+        return state, view
 
     def _grow(self):
         super()._grow()
@@ -98,6 +109,7 @@ def test_speculative_paged_requests_equal_their_solo_outputs(models, solo):
         cases = list(enumerate(LIMITS[:6]))
         assert run_all(eng, cases) == [solo(i, m) for i, m in cases]
         assert eng.peak_slots == 4 and blocks_used(eng) == 0
+        assert eng.short_rows == 0  # each call's blocks held all its rounds
         # the default pool holds max_batch dense rows
         assert eng.pool.paging.num_blocks - 1 == 4 * eng.num_slots // BLOCK
         assert eng.metrics.get("kv_blocks_free") == eng.pool.paging.num_blocks - 1
