@@ -44,6 +44,8 @@ class Watched(Engine):
 
     def _grow(self):
         super()._grow()
+        if self.pool is None:
+            return
         self.peak_slots = max(self.peak_slots, len(self.slots))
         self.peak_reserved = max(self.peak_reserved, sum(self.reserved.values()))
         self.peak_held = max(self.peak_held, self.pool.paging.num_blocks - 1 - self.pool.num_free)
@@ -65,21 +67,24 @@ def solo(models):
 
 
 def engine(models, draft: bool, **config) -> Watched:
-    eng = Watched(models[0], models[1] if draft else None,
-                  EngineConfig(slot_buckets=(config["max_batch"],), kv_block_size=BLOCK,
-                               **config))
+    config = dict(dict(slot_buckets=(config["max_batch"],), kv_block_size=BLOCK), **config)
+    eng = Watched(models[0], models[1] if draft else None, EngineConfig(**config))
     eng.start()
     return eng
 
 
-def run_all(eng, cases) -> list[list[int]]:
-    """Submits (prompt index, max_tokens) cases at once -> each one's tokens."""
+def run_all(eng, cases, requests=None) -> list[list[int]]:
+    """Submits (prompt index, max_tokens) cases at once -> each one's tokens (requests: a
+    list that gets the finished requests)."""
     runs = []
     with eng.wake:  # all queued before the engine thread looks
         for i, m in cases:
             tokens, ended = [], threading.Event()
-            eng.submit(Request(PROMPTS[i], m, on_event(tokens, ended)))
+            request = Request(PROMPTS[i], m, on_event(tokens, ended))
+            eng.submit(request)
             runs.append((tokens, ended))
+            if requests is not None:
+                requests.append(request)
     for _, ended in runs:
         assert ended.wait(60)
     return [tokens for tokens, _ in runs]
@@ -103,25 +108,36 @@ def blocks_used(eng, timeout=10.0) -> float:
     return eng.metrics.get("kv_blocks_used")
 
 
-def test_speculative_paged_requests_equal_their_solo_outputs(models, solo):
-    eng = engine(models, True, max_batch=4, max_len=64, budget=8, chunk=2)
-    try:
-        cases = list(enumerate(LIMITS[:6]))
-        assert run_all(eng, cases) == [solo(i, m) for i, m in cases]
-        assert eng.peak_slots == 4 and blocks_used(eng) == 0
-        assert eng.short_rows == 0  # each call's blocks held all its rounds
-        # the default pool holds max_batch dense rows
-        assert eng.pool.paging.num_blocks - 1 == 4 * eng.num_slots // BLOCK
-        assert eng.metrics.get("kv_blocks_free") == eng.pool.paging.num_blocks - 1
-    finally:
-        eng.stop()
+def test_speculative_paged_requests_equal_their_solo_outputs_and_the_dense_rounds(
+        models, solo):
+    """Tokens as alone; the rounds and accepted drafts of each request as on dense rows (the
+    head's context, paged too, is the same). Prompts are prefilled in passes of 8 tokens."""
+    cases = list(enumerate(LIMITS[:6]))
+    stats = []
+    for block_size in (None, BLOCK):
+        eng = engine(models, True, max_batch=4, max_len=64, budget=8, chunk=2,
+                     prefill_chunk=8, kv_block_size=block_size)
+        try:
+            requests = []
+            assert run_all(eng, cases, requests) == [solo(i, m) for i, m in cases]
+            stats.append([(r.rounds, r.accepted) for r in requests])
+        finally:
+            eng.stop()
+    assert stats[1] == stats[0]
+    assert eng.peak_slots == 4 and blocks_used(eng) == 0
+    assert eng.short_rows == 0  # each call's blocks held all its rounds
+    # the default pool holds max_batch dense rows
+    assert eng.pool.paging.num_blocks - 1 == 4 * eng.num_slots // BLOCK
+    assert eng.metrics.get("kv_blocks_free") == eng.pool.paging.num_blocks - 1
 
 
 def test_a_pool_for_two_requests_serves_six_as_blocks_free_up(models, solo):
     """Each request reserves the blocks of prompt + max_tokens + a call's steps (3 or 4 blocks
     of 16 slots here; 5 at max_len): a pool of 10 holds two or three such at once. Without the
-    reservation rows would run out of blocks mid-generation and fail."""
-    eng = engine(models, False, max_batch=4, max_len=64, chunk=4, kv_blocks=10)
+    reservation rows would run out of blocks mid-generation and fail. Arrivals are prefilled
+    into the pool a pass of 8 tokens at a time between the running rows' device calls."""
+    eng = engine(models, False, max_batch=4, max_len=64, chunk=4, kv_blocks=10,
+                 prefill_chunk=8)
     try:
         cases = [(3, 25), (1, 30), (2, 30), (5, 20), (0, 40), (4, 40)]
         assert run_all(eng, cases) == [solo(i, m) for i, m in cases]

@@ -133,18 +133,11 @@ def compact(cache: KVCache, src_slots, start, count) -> KVCache:
         lengths=cache.lengths + count.astype(jnp.int32))
 
 
-def into_blocks(pool, rows: KVCache, table) -> KVCache:
-    """Dense rows (each layer [n, K, S, H], S a whole number of blocks) written into the
-    blocks `table` [n, S / block_size] names in pool's pools -> a paged cache of those rows:
-    how rows prefilled apart join a shared pool. `NULL_BLOCK` entries take the blocks a row
-    was not given (padding past its prompt), which nothing reads."""
-    n, _, s, _ = rows.k[0].shape
-    m = table.shape[1]
 
-    def put(pool_layer, dense):  # [n, K, S, H] -> [n, m, K, block_size, H] at table's blocks
-        blocks = dense.reshape(n, dense.shape[1], m, s // m, -1).transpose(0, 2, 1, 3, 4)
-        return pool_layer.at[table].set(blocks.astype(pool_layer.dtype))
-
-    return KVCache(k=[put(p, d) for p, d in zip(pool.k, rows.k)],
-                   v=[put(p, d) for p, d in zip(pool.v, rows.v)], lengths=rows.lengths,
-                   table=jnp.asarray(table, jnp.int32))
+def copy_blocks(dst: KVCache, src: KVCache, table) -> KVCache:
+    """src's rows (paged, their blocks in a pool of their own, shaped as dst's) with the blocks
+    `table` names copied into dst's pools: how rows started apart join a shared pool.
+    `NULL_BLOCK` entries copy the null block onto itself, which nothing reads."""
+    put = lambda d, x: d.at[table].set(x[table])  # noqa: E731
+    return src.replace(k=[put(d, x) for d, x in zip(dst.k, src.k)],
+                       v=[put(d, x) for d, x in zip(dst.v, src.v)])

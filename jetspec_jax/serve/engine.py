@@ -23,8 +23,9 @@ request joins (in arrival order) only when a slot is free and the blocks reserve
 requests in slots and in the prefill leave room for its own. Rows then take blocks only as they
 grow, before each device call (`speculative.slots_ahead`), which never reaches past a
 reservation, so no row ever waits for a block and nothing is preempted; a request gives its
-blocks and reservation back the moment it ends. Arrivals are prefilled in dense rows as
-always and copied into their blocks when they join (`cache.into_blocks`).
+blocks and reservation back the moment it ends. Arrivals get their prompts' blocks when their
+prefill starts and each pass writes into them through the state's pools; a head's context is
+started in a pool of its own and its blocks copied into the state's when they join.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from jetspec_jax.decode.sampling import RowSampler
 from jetspec_jax.decode.speculative import (from_prefill, slots_ahead, spec_continue,
                                             working_slots)
 from jetspec_jax.model.blocks import BlockAllocator
-from jetspec_jax.model.cache import KVCache, Paging, into_blocks, retable
+from jetspec_jax.model.cache import KVCache, Paging, copy_blocks, retable
 from jetspec_jax.options import PREFILL_CHUNK
 from jetspec_jax.serve.metrics import Metrics
 
@@ -185,15 +186,17 @@ def _rows(tparams, dparams, cache, last, taps, prompt, lens, key, rows, *, tcfg,
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames="state")
 def _write_rows(tparams, dparams, state, cache, last, taps, prompt, lens, key, rows, slots,
-                table, *, loop: Loop, **static):
+                *, loop: Loop, **static):
     """Writes the prefilled rows into rows `slots` of the state (a slot past the last one
-    drops its row: padding, or a request cancelled while it was prefilled). Paged, their
-    caches go into the blocks of `table` [rows, blocks per row]."""
-    new = _rows(tparams, dparams, cache, last, taps, prompt, lens, key, rows,
-                loop=dataclasses.replace(loop, paging=None), **static)
+    drops its row: padding, or a request cancelled while it was prefilled). Paged, `cache` is
+    the rows' block table over the state's pools (`Engine._lend`)."""
     if loop.paging is not None:
-        new = jax.tree.map(lambda pool, x: into_blocks(pool, x, table) if _is_cache(x) else x,
-                           state, new, is_leaf=_is_cache)
+        cache = cache.replace(k=state.cache.k, v=state.cache.v)
+    new = _rows(tparams, dparams, cache, last, taps, prompt, lens, key, rows, loop=loop,
+                **static)
+    if loop.paging is not None and getattr(new, "draft_cache", None) is not None:
+        new = new.replace(draft_cache=copy_blocks(state.draft_cache, new.draft_cache,
+                                                  cache.table))
     return _rowwise(lambda full, x: full.at[slots].set(x, mode="drop"), state, new)
 
 
@@ -231,8 +234,10 @@ def _advance(tparams, dparams, state, rows, *, active, tcfg, dcfg, tree_spec, ch
 def _pool_shape(rows: KVCache, paging: Paging) -> KVCache:
     """The shape of a paged cache of these dense rows' layers and batch."""
     b, k, s, h = rows.k[0].shape
-    pool = lambda x: jax.ShapeDtypeStruct((paging.num_blocks, k, paging.block_size, h),  # noqa: E731
-                                          x.dtype)
+
+    def pool(x):
+        return jax.ShapeDtypeStruct((paging.num_blocks, k, paging.block_size, h), x.dtype)
+
     return rows.replace(k=[pool(x) for x in rows.k], v=[pool(x) for x in rows.v],
                         table=jax.ShapeDtypeStruct((b, s // paging.block_size), jnp.int32))
 
@@ -251,8 +256,9 @@ def _row_sampler(rows: dict[str, np.ndarray]) -> RowSampler:
 @dataclasses.dataclass(eq=False)
 class Prefill:
     """Arrivals prefilled together, a pass at a time: their prompts [B, S] (B a slot bucket,
-    rows past the requests are padding), the cache and last hidden states carried between
-    passes, the taps of each pass, and how many prompt tokens have run."""
+    rows past the requests are padding), the cache (paged: their block table, the pools being
+    the state's) and last hidden states carried between passes, the taps of each pass, and how
+    many prompt tokens have run."""
 
     requests: list[Request]
     prompt: np.ndarray
@@ -390,7 +396,7 @@ class Engine:
 
     def _empty_state(self):
         b = self.config.max_batch
-        cache, last = jax.eval_shape(functools.partial(self._carry, b))
+        cache, last = jax.eval_shape(self._dense_carry(b))
         shape = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
         taps = (jax.ShapeDtypeStruct((b, 1, len(self.taps) * last.shape[-1]), last.dtype),
                 ) if self.taps else ()
@@ -444,9 +450,12 @@ class Engine:
                     self._step()
             except Exception as e:  # noqa: BLE001  a failed round fails its requests only
                 log.exception("decoding round failed")
-                for r in self.slots:
+                # paged, a prefill under way has written into the pools reset here: it fails too
+                lost = self.prefill.requests if self.prefill and self.pool is not None else []
+                for r in [*self.slots, *lost]:
                     self._finish(r, None, f"decoding failed: {e}")
                 self.slots = []
+                self.prefill = None if lost else self.prefill
                 self.state = self._empty_state()
             self._gauge_slots()
         for r in [*self.slots, *(self.prefill.requests if self.prefill else ()), *self.queue]:
@@ -487,7 +496,7 @@ class Engine:
             lens = np.ones(n, np.int32)  # padding rows: one token
             for i, r in enumerate(taken):
                 prompt[i, :len(r.ids)], lens[i] = r.ids, len(r.ids)
-            self.prefill = Prefill(taken, prompt, lens, *self._carry(n))
+            self.prefill = Prefill(taken, prompt, lens, *self._carry(n, taken))
 
     def _table(self, requests) -> np.ndarray:
         """The block table of these requests' rows (None: a row with no blocks)."""
@@ -521,10 +530,37 @@ class Engine:
         pad = [None] * (self.config.max_batch - len(self.slots))
         self.state = retable(self.state, self._table([*self.slots, *pad]))
 
-    def _carry(self, n: int):
-        """The empty cache and last hidden states a prefill of n rows starts from."""
-        return api.zeros_on_mesh(functools.partial(
-            prefill_carry, self.tparams, self.target.cfg, n, self.static["loop"]), self.target)
+    def _carry(self, n: int, requests: list[Request]):
+        """The empty cache and last hidden states a prefill of n rows (requests, then padding)
+        starts from. Paged, the requests' prompts get their blocks and the cache is their
+        table, with no pools: each pass borrows the state's (`_lend`)."""
+        make = self._dense_carry(n)
+        if self.pool is None:
+            return api.zeros_on_mesh(make, self.target)
+        for r in requests:
+            self.pool.grow(r, len(r.ids))
+        table = self._table([*requests, *[None] * (n - len(requests))])
+        last = jax.eval_shape(make)[1]
+        return (KVCache(k=[], v=[], lengths=jnp.zeros((n,), jnp.int32),
+                        table=jnp.asarray(table)),
+                api.zeros_on_mesh(lambda: jnp.zeros(last.shape, last.dtype), self.target))
+
+    def _dense_carry(self, n: int):
+        """() -> the dense cache and last hidden states of a prefill of n rows."""
+        return functools.partial(prefill_carry, self.tparams, self.target.cfg, n,
+                                 self.static["loop"])
+
+    def _lend(self, cache: KVCache) -> KVCache:
+        """A paged prefill's cache holding the state's pools: the pass that takes it (donated)
+        writes into them, and `_take_back` returns them to the state."""
+        return cache if self.pool is None else cache.replace(k=self.state.cache.k,
+                                                             v=self.state.cache.v)
+
+    def _take_back(self, cache: KVCache) -> KVCache:
+        if self.pool is None:
+            return cache
+        self.state = self.state.replace(cache=self.state.cache.replace(k=cache.k, v=cache.v))
+        return cache.replace(k=[], v=[])
 
     def _prefill_pass(self) -> None:
         """One pass of the prefill under way (`PREFILL_STEP`), within the cache; the last
@@ -532,10 +568,12 @@ class Engine:
         p = self.prefill
         width = min(self.config.prefill_chunk, self.num_slots - p.done,
                     -(-(p.longest - p.done) // PREFILL_STEP) * PREFILL_STEP)
-        p.cache, p.last, taps = _pass(
-            self.tparams, p.cache, p.last, jnp.asarray(p.prompt[:, p.done:p.done + width]),
+        cache, p.last, taps = _pass(
+            self.tparams, self._lend(p.cache), p.last,
+            jnp.asarray(p.prompt[:, p.done:p.done + width]),
             jnp.int32(p.done), jnp.asarray(p.lens), tcfg=self.target.cfg, taps=self.taps,
             kernels=self.static["loop"].kernels)
+        p.cache = self._take_back(cache)
         if taps is not None:
             p.taps.append(taps)
         p.done += width
@@ -558,17 +596,11 @@ class Engine:
                 rows[k][i] = v
         seeds = [r.seed if r.seed is not None else int.from_bytes(os.urandom(8), "little")
                  for r in p.requests]
-        table = None
-        if self.pool is not None:  # the live rows' prompts; the rest into the null block
-            for r in live:
-                self.pool.grow(r, len(r.ids))
-            table = jnp.asarray(self._table([r if r in live else None for r in p.requests]
-                                            + [None] * (n - len(p.requests))))
         self.state = _write_rows(
             self.tparams, self.dparams, self.state, p.cache, p.last, tuple(p.taps),
             jnp.asarray(p.prompt), jnp.asarray(p.lens),
             jnp.stack([_key(s) for s in seeds + [0] * (n - len(seeds))]),
-            _row_sampler(rows), jnp.asarray(slots), table,
+            _row_sampler(rows), jnp.asarray(slots),
             **self.static)
         for i, r in enumerate(p.requests):
             if r not in live:
