@@ -7,6 +7,7 @@ Reports requests/s, tokens/s, time to first token (TTFT), per-token latency afte
   python -m bench.serve_load --out serve_smollm2.json                       # SmolLM2, shipped head
   python -m bench.serve_load --random qwen3-8b --dtype bfloat16 --out q8.json  # cost only
   python -m bench.serve_load --soak-minutes 10 --concurrency 32 --out soak.json
+  python -m bench.serve_load --quick --kv-block-size 16 --kv-blocks 40   # paged KV caches
 
 Each mode's server runs in a child process on 127.0.0.1 (a free port), so the load generator
 does not share its interpreter. --random: random weights of a preset and a random 5-layer,

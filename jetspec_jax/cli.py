@@ -435,7 +435,8 @@ def _serve_parser(sub) -> None:
                    help="batch slots decoded together on the device (default: %(default)s)")
     p.add_argument("--max-len", type=positive_int, default=2048, metavar="N",
                    help="prompt + generated tokens per request at most, capped at the model's "
-                   "context (default: %(default)s); sizes the KV cache of every slot")
+                   "context (default: %(default)s); sizes the KV cache of every slot (unless "
+                   "--kv-block-size)")
     p.add_argument("--max-queue", type=positive_int, default=64, metavar="N",
                    help="requests waiting for a slot before new ones get HTTP 429 "
                    "(default: %(default)s)")

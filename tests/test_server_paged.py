@@ -101,7 +101,7 @@ def on_event(tokens, ended):
 
 def blocks_used(eng, timeout=10.0) -> float:
     """The blocks-in-use gauge once it reads 0, or after timeout (it is set after each device
-    call, just after the requests end)."""
+    call, just after the requests end, and after the other pool gauges)."""
     deadline = time.monotonic() + timeout
     while eng.metrics.get("kv_blocks_used") and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -144,6 +144,7 @@ def test_a_pool_for_two_requests_serves_six_as_blocks_free_up(models, solo):
         # never all four slots: the fourth request's blocks were never free beside three
         assert 2 <= eng.peak_slots <= 3 and 0 < eng.peak_held <= eng.peak_reserved <= 10
         assert blocks_used(eng) == 0 and eng.metrics.get("kv_blocks_free") == 10
+        assert eng.metrics.get("kv_blocks_reserved") == 0
     finally:
         eng.stop()
 
@@ -175,6 +176,7 @@ def test_a_cancelled_request_gives_its_blocks_back(wide):
     request.cancel()
     assert ended.wait(30) and len(tokens) < 200
     assert blocks_used(wide) == 0 and wide.pool.num_free == 48
+    assert wide.metrics.get("kv_blocks_reserved") == 0
 
 
 @pytest.mark.parametrize("changes, words", [

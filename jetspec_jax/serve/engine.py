@@ -469,8 +469,9 @@ class Engine:
     def _gauge_blocks(self) -> None:
         if self.pool is not None:
             free = self.pool.num_free
-            self.metrics.set("kv_blocks_used", self.pool.paging.num_blocks - 1 - free)
+            self.metrics.set("kv_blocks_reserved", sum(self.reserved.values()))
             self.metrics.set("kv_blocks_free", free)
+            self.metrics.set("kv_blocks_used", self.pool.paging.num_blocks - 1 - free)
 
     def _admit(self) -> None:
         """Ends a prefill whose requests have all been cancelled; with no prefill under way,
