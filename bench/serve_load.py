@@ -7,6 +7,7 @@ Reports requests/s, tokens/s, time to first token (TTFT), per-token latency afte
   python -m bench.serve_load --out serve_smollm2.json                       # SmolLM2, shipped head
   python -m bench.serve_load --random qwen3-8b --dtype bfloat16 --out q8.json  # cost only
   python -m bench.serve_load --soak-minutes 10 --concurrency 32 --out soak.json
+  python -m bench.serve_load --quick --kv-block-size 16 --kv-blocks 40   # paged KV caches
 
 Each mode's server runs in a child process on 127.0.0.1 (a free port), so the load generator
 does not share its interpreter. --random: random weights of a preset and a random 5-layer,
@@ -78,7 +79,9 @@ def _serve(opts: dict, port: int) -> None:
     config = engine.EngineConfig(max_batch=opts["max_batch"], max_len=opts["max_len"],
                                  budget=opts["budget"], max_queue=opts["max_queue"],
                                  chunk=opts["chunk"] if opts["mode"] == "speculative" else None,
-                                 prefill_chunk=opts["prefill_chunk"])
+                                 prefill_chunk=opts["prefill_chunk"],
+                                 kv_block_size=opts["kv_block_size"],
+                                 kv_blocks=opts["kv_blocks"])
     app.serve(engine.Engine(target, draft, config), "bench", "127.0.0.1", port, "warning")
 
 
@@ -389,6 +392,11 @@ def main() -> int:
                     help="speculative rounds per device call (default: the server's)")
     ap.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
                     help="prompt tokens per prefill pass (default: %(default)s)")
+    ap.add_argument("--kv-block-size", type=int, default=None,
+                    help="serve with paged KV caches in blocks of this many slots (default: "
+                    "dense rows)")
+    ap.add_argument("--kv-blocks", type=int, default=None,
+                    help="the paged pool's blocks (default: the server's)")
     ap.add_argument("--modes", nargs="+", default=["speculative", "autoregressive"],
                     choices=["speculative", "autoregressive"])
     ap.add_argument("--quick", action="store_true",
@@ -409,7 +417,8 @@ def main() -> int:
     budget = args.budget if args.budget in (None, "auto") else int(args.budget)
     opts = dict(model=args.model, draft=args.draft, random=args.random, dtype=args.dtype,
                 max_batch=args.max_batch, max_len=args.max_len, max_queue=args.max_queue,
-                budget=budget, chunk=args.chunk, prefill_chunk=args.prefill_chunk)
+                budget=budget, chunk=args.chunk, prefill_chunk=args.prefill_chunk,
+                kv_block_size=args.kv_block_size, kv_blocks=args.kv_blocks)
     result = resume(args.out if args.resume else None, command_line(),
                     dict(date=time.strftime("%Y-%m-%d"), options=opts, rows=[]))
     if args.soak_minutes:

@@ -435,7 +435,8 @@ def _serve_parser(sub) -> None:
                    help="batch slots decoded together on the device (default: %(default)s)")
     p.add_argument("--max-len", type=positive_int, default=2048, metavar="N",
                    help="prompt + generated tokens per request at most, capped at the model's "
-                   "context (default: %(default)s); sizes the KV cache of every slot")
+                   "context (default: %(default)s); sizes the KV cache of every slot (unless "
+                   "--kv-block-size)")
     p.add_argument("--max-queue", type=positive_int, default=64, metavar="N",
                    help="requests waiting for a slot before new ones get HTTP 429 "
                    "(default: %(default)s)")
@@ -453,6 +454,14 @@ def _serve_parser(sub) -> None:
                    "pass at a time (default: %(default)s)")
     p.add_argument("--attn-impl", default="auto", metavar="|".join(options.ATTN_IMPLS),
                    help="attention kernel (as for generate; default: %(default)s)")
+    p.add_argument("--kv-block-size", type=positive_int, metavar="N",
+                   help="page the KV caches in blocks of N slots (a multiple of 16) shared by "
+                   "the slots: each request holds the blocks of its own tokens, not --max-len's, "
+                   "and is admitted when the pool has its prompt + max_tokens (default: dense "
+                   "rows of --max-len per slot)")
+    p.add_argument("--kv-blocks", type=positive_int, metavar="M",
+                   help="blocks in the paged pool, at least one request of --max-len's (default: "
+                   "what --max-batch dense rows hold)")
     p.add_argument("--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES, metavar="N",
                    help="a request body's size at most; larger ones get HTTP 413 (default: "
                    "%(default)s, 1 MiB)")
@@ -467,7 +476,23 @@ def check_serve(args) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     options.check_kernel_name("attention", args.attn_impl, options.ATTN_IMPLS)
+    _check_paging(args)
     _check_model_and_prompts(args, [], need_draft=False)
+
+
+def _check_paging(args) -> None:
+    """--kv-block-size and --kv-blocks before loading: the engine checks the exact blocks a
+    request needs (they depend on the head) once it has the model."""
+    size, blocks = args.kv_block_size, args.kv_blocks
+    if size is not None and size % 16:
+        raise ValueError(f"--kv-block-size must be a multiple of 16 (the paged GPU kernels read "
+                         f"whole tiles of 16 slots), got {size}")
+    if blocks is not None and size is None:
+        raise ValueError("--kv-blocks sizes the pool of a paged cache: set --kv-block-size too")
+    if blocks is not None and blocks * size < args.max_len:
+        raise ValueError(f"--kv-blocks {blocks} of {size} slots cannot hold one request of "
+                         f"--max-len {args.max_len} tokens (at least "
+                         f"{-(-args.max_len // size)} blocks)")
 
 
 def run_serve(args) -> None:
@@ -476,7 +501,8 @@ def run_serve(args) -> None:
 
     config = engine.EngineConfig(max_batch=args.max_batch, max_len=args.max_len,
                                  budget=args.budget, chunk=args.chunk, max_queue=args.max_queue,
-                                 attn_impl=args.attn_impl, prefill_chunk=args.prefill_chunk)
+                                 attn_impl=args.attn_impl, prefill_chunk=args.prefill_chunk,
+                                 kv_block_size=args.kv_block_size, kv_blocks=args.kv_blocks)
     api.decoding_options(budget=args.budget, attn_impl=args.attn_impl)  # before loading
     target, draft = _load(args)
     config = dataclasses.replace(config, ngram=args.ngram)

@@ -131,3 +131,12 @@ def compact(cache: KVCache, src_slots, start, count) -> KVCache:
     views = [cache.layer(i) for i in range(len(cache.k))]
     return cache.with_layers([move(k) for k, _ in views], [move(v) for _, v in views]).replace(
         lengths=cache.lengths + count.astype(jnp.int32))
+
+
+def copy_blocks(dst: KVCache, src: KVCache, table) -> KVCache:
+    """src's rows (paged, their blocks in a pool of their own, shaped as dst's) with the blocks
+    `table` names copied into dst's pools: how rows started apart join a shared pool.
+    `NULL_BLOCK` entries copy one null block onto the other, which nothing reads."""
+    put = lambda d, x: d.at[table].set(x[table])  # noqa: E731
+    return src.replace(k=[put(d, x) for d, x in zip(dst.k, src.k)],
+                       v=[put(d, x) for d, x in zip(dst.v, src.v)])

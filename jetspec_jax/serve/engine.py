@@ -13,6 +13,19 @@ counts, so compiles stay few; the tree budget may differ per count), reads back 
 and evicts the finished, stopped and cancelled requests at once (the last active slot moves
 into the hole, so the active slots stay a prefix). Each request has its own sampling options
 and random stream (`RowSampler`), so its greedy tokens do not depend on its neighbours.
+
+Paged (`EngineConfig.kv_block_size`), the slots' KV caches (the target's and the head's) are
+one pool of blocks per layer (`cache.KVCache` with a table) and a host `BlockAllocator` gives
+each request blocks as it grows: a row holds the blocks of its own tokens, not max_len's, so
+more requests fit the same memory when they are short. Admission reserves each request's
+worst case, the blocks of prompt + max_tokens + what one device call writes ahead: a queued
+request joins (in arrival order) only when a slot is free and the blocks reserved by the
+requests in slots and in the prefill leave room for its own. Rows then take blocks only as they
+grow, before each device call (`speculative.slots_ahead`), which never reaches past a
+reservation, so no row ever waits for a block and nothing is preempted; a request gives its
+blocks and reservation back the moment it ends. Arrivals get their prompts' blocks when their
+prefill starts and each pass writes into them through the state's pools; a head's context is
+started in a pool of its own and its blocks copied into the state's when they join.
 """
 
 from __future__ import annotations
@@ -35,7 +48,10 @@ from jetspec_jax.decode.autoregressive import (ar_continue, first_token, prefill
                                                prefill_logits, prefill_pass)
 from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import RowSampler
-from jetspec_jax.decode.speculative import from_prefill, spec_continue, working_slots
+from jetspec_jax.decode.speculative import (from_prefill, slots_ahead, spec_continue,
+                                            working_slots)
+from jetspec_jax.model.blocks import BlockAllocator
+from jetspec_jax.model.cache import KVCache, Paging, copy_blocks, retable
 from jetspec_jax.options import PREFILL_CHUNK
 from jetspec_jax.serve.metrics import Metrics
 
@@ -61,11 +77,21 @@ class EngineConfig:
     ngram: int | None = None  # context n-gram chain per tree, tokens at most
     #                           (`TreeSpec.ngram`); None: the head's default (`api.default_tree`)
     prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per prefill pass between device calls
+    kv_block_size: int | None = None  # paged KV caches in blocks of this many slots (a
+    #                                   multiple of 16, as the GPU kernels read them); None: dense
+    kv_blocks: int | None = None  # the pool's blocks (the null block aside); None: as many as
+    #                               max_batch dense rows hold
 
     def __post_init__(self):
         for name in ("max_batch", "max_len", "max_queue", "prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        size = self.kv_block_size
+        if size is not None and (size < 16 or size % 16):
+            raise ValueError(f"kv_block_size must be a multiple of 16 (the paged GPU kernels "
+                             f"read whole tiles of 16 slots), got {size}")
+        if self.kv_blocks is not None and (size is None or self.kv_blocks < 1):
+            raise ValueError(f"kv_blocks={self.kv_blocks} needs kv_block_size and >= 1 blocks")
         if self.chunk is not None and self.chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {self.chunk}")
         b = self.slot_buckets
@@ -120,6 +146,23 @@ def _key(seed: int) -> jax.Array:
 _STATIC = ("tcfg", "dcfg", "loop")
 
 
+def _is_cache(x) -> bool:
+    return isinstance(x, KVCache)
+
+
+def _rowwise(fn, state, *rest):
+    """fn over the per-row leaves of decoding states (batch first). A paged cache's pools hold
+    every row's blocks, not rows: they are the last state's, and its lengths and table are
+    per row."""
+    def one(x, *ys):
+        if not (_is_cache(x) and x.table is not None):
+            return jax.tree.map(fn, x, *ys)
+        return (ys[-1] if ys else x).replace(lengths=fn(x.lengths, *(y.lengths for y in ys)),
+                                             table=fn(x.table, *(y.table for y in ys)))
+
+    return jax.tree.map(one, state, *rest, is_leaf=_is_cache)
+
+
 @functools.partial(jax.jit, static_argnames=("tcfg", "taps", "kernels"),
                    donate_argnames=("cache", "last"))
 def _pass(tparams, cache, last, tokens, start, lens, *, tcfg, taps, kernels):
@@ -143,17 +186,24 @@ def _rows(tparams, dparams, cache, last, taps, prompt, lens, key, rows, *, tcfg,
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames="state")
 def _write_rows(tparams, dparams, state, cache, last, taps, prompt, lens, key, rows, slots,
-                **static):
+                *, loop: Loop, **static):
     """Writes the prefilled rows into rows `slots` of the state (a slot past the last one
-    drops its row: padding, or a request cancelled while it was prefilled)."""
-    new = _rows(tparams, dparams, cache, last, taps, prompt, lens, key, rows, **static)
-    return jax.tree.map(lambda full, x: full.at[slots].set(x, mode="drop"), state, new)
+    drops its row: padding, or a request cancelled while it was prefilled). Paged, `cache` is
+    the rows' block table over the state's pools (`Engine._lend`)."""
+    if loop.paging is not None:
+        cache = cache.replace(k=state.cache.k, v=state.cache.v)
+    new = _rows(tparams, dparams, cache, last, taps, prompt, lens, key, rows, loop=loop,
+                **static)
+    if loop.paging is not None and getattr(new, "draft_cache", None) is not None:
+        new = new.replace(draft_cache=copy_blocks(state.draft_cache, new.draft_cache,
+                                                  cache.table))
+    return _rowwise(lambda full, x: full.at[slots].set(x, mode="drop"), state, new)
 
 
 @functools.partial(jax.jit, donate_argnames="state")
 def _evict(state, hole, last):
     """Row `last` moves into row `hole`; row `last` is then marked done (free)."""
-    state = jax.tree.map(lambda x: x.at[hole].set(x[last]), state)
+    state = _rowwise(lambda x: x.at[hole].set(x[last]), state)
     return state.replace(out=state.out.replace(done=state.out.done.at[last].set(True)))
 
 
@@ -162,7 +212,7 @@ def _evict(state, hole, last):
 def _advance(tparams, dparams, state, rows, *, active, tcfg, dcfg, tree_spec, chunk,
              loop: Loop):
     """`chunk` rounds for rows 0..active-1 -> (state, what the host reads back)."""
-    head = jax.tree.map(lambda x: x[:active], state)
+    head = _rowwise(lambda x: x[:active], state)
     sampler = rows.rows(0, active)
     if dcfg is None:
         head = ar_continue(tparams, head, cfg=tcfg, sampler=sampler, loop=loop,
@@ -174,11 +224,22 @@ def _advance(tparams, dparams, state, rows, *, active, tcfg, dcfg, tree_spec, ch
         rounds, accepted = head.stats.rounds, jnp.sum(head.stats.accepted, axis=1)
     view = (head.out.tokens, head.out.num_tokens, head.out.done, rounds, accepted)
     if active < state.out.done.shape[0]:
-        return jax.tree.map(lambda full, h: full.at[:active].set(h), state, head), view
+        return _rowwise(lambda full, h: full.at[:active].set(h), state, head), view
     return head, view
 
 
 # ---- the engine ------------------------------------------------------------------------------
+
+
+def _pool_shape(rows: KVCache, paging: Paging) -> KVCache:
+    """The shape of a paged cache of these dense rows' layers and batch."""
+    b, k, s, h = rows.k[0].shape
+
+    def pool(x):
+        return jax.ShapeDtypeStruct((paging.num_blocks, k, paging.block_size, h), x.dtype)
+
+    return rows.replace(k=[pool(x) for x in rows.k], v=[pool(x) for x in rows.v],
+                        table=jax.ShapeDtypeStruct((b, s // paging.block_size), jnp.int32))
 
 
 def _greedy_rows(n: int) -> dict[str, np.ndarray]:
@@ -195,8 +256,9 @@ def _row_sampler(rows: dict[str, np.ndarray]) -> RowSampler:
 @dataclasses.dataclass(eq=False)
 class Prefill:
     """Arrivals prefilled together, a pass at a time: their prompts [B, S] (B a slot bucket,
-    rows past the requests are padding), the cache and last hidden states carried between
-    passes, the taps of each pass, and how many prompt tokens have run."""
+    rows past the requests are padding), the cache (paged: their block table, the pools being
+    the state's) and last hidden states carried between passes, the taps of each pass, and how
+    many prompt tokens have run."""
 
     requests: list[Request]
     prompt: np.ndarray
@@ -243,9 +305,12 @@ class Engine:
             working_slots(s.budget, draft.dcfg.block_size)
             for s in self.specs.values())
         self.num_slots = api.bucket(self.max_len + extra, 128)
+        paging = self._paging(config)
         self.static = dict(tcfg=target.cfg, dcfg=draft and draft.dcfg, loop=Loop(
             max_new=self.max_len, num_slots=self.num_slots, stop_ids=self.stop_ids,
-            kernels=kernels, cache_dtype=jnp.dtype(target.dtype)))
+            kernels=kernels, cache_dtype=jnp.dtype(target.dtype), paging=paging))
+        self.pool = paging and BlockAllocator(paging)
+        self.reserved: dict[Request, int] = {}  # paged: blocks held for each admitted request
         b = config.max_batch
         self.rows = _greedy_rows(b)
         self.taps = () if draft is None else draft.dcfg.tap_layers  # what prefill passes keep
@@ -256,6 +321,28 @@ class Engine:
         self.wake = threading.Condition()
         self.running = False
         self.thread: threading.Thread | None = None
+        self._gauge_blocks()
+
+    def _paging(self, config: EngineConfig) -> Paging | None:
+        """The pool's shape (None: dense rows); rounds num_slots up to whole blocks and sets
+        how far ahead of its tokens a row's blocks must reach before a device call."""
+        size = config.kv_block_size
+        if size is None:
+            return None
+        self.num_slots = -(-self.num_slots // size) * size
+        self.ahead = self.chunk if self.draft is None else slots_ahead(
+            max(s.budget for s in self.specs.values()), self.draft.dcfg.block_size, self.chunk)
+        blocks = config.kv_blocks or config.max_batch * self.num_slots // size
+        if blocks < (need := self._worst_case(self.max_len, size)):
+            raise ValueError(
+                f"kv_blocks (--kv-blocks) = {blocks} cannot hold one request of max_len="
+                f"{self.max_len} tokens: it needs {need} blocks of {size} slots (its tokens and "
+                f"the {self.ahead} slots a device call writes ahead of them)")
+        return Paging(size, blocks + 1)  # + the null block
+
+    def _worst_case(self, tokens: int, block_size: int) -> int:
+        """Blocks a request of `tokens` prompt + max_tokens may hold before it ends."""
+        return -(-min(tokens + self.ahead, self.num_slots) // block_size)
 
     # ---- host side API (any thread) ----
 
@@ -309,14 +396,19 @@ class Engine:
 
     def _empty_state(self):
         b = self.config.max_batch
-        cache, last = jax.eval_shape(functools.partial(self._carry, b))
+        cache, last = jax.eval_shape(self._dense_carry(b))
         shape = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
         taps = (jax.ShapeDtypeStruct((b, 1, len(self.taps) * last.shape[-1]), last.dtype),
                 ) if self.taps else ()
+        loop = self.static["loop"]
         shapes = jax.eval_shape(
-            functools.partial(_rows, **self.static), self.tparams, self.dparams, cache, last,
+            functools.partial(_rows, **dict(self.static, loop=dataclasses.replace(
+                loop, paging=None))), self.tparams, self.dparams, cache, last,
             taps, shape(b, self.num_slots), shape(b), jax.random.split(jax.random.key(0), b),
             _row_sampler(self.rows))
+        if loop.paging is not None:  # every table entry the null block: no row holds any
+            shapes = jax.tree.map(lambda x: _pool_shape(x, loop.paging) if _is_cache(x) else x,
+                                  shapes, is_leaf=_is_cache)
 
         def zeros():
             state = jax.tree.map(
@@ -358,9 +450,12 @@ class Engine:
                     self._step()
             except Exception as e:  # noqa: BLE001  a failed round fails its requests only
                 log.exception("decoding round failed")
-                for r in self.slots:
+                # paged, a prefill under way has written into the pools reset here: it fails too
+                lost = self.prefill.requests if self.prefill and self.pool is not None else []
+                for r in [*self.slots, *lost]:
                     self._finish(r, None, f"decoding failed: {e}")
                 self.slots = []
+                self.prefill = None if lost else self.prefill
                 self.state = self._empty_state()
             self._gauge_slots()
         for r in [*self.slots, *(self.prefill.requests if self.prefill else ()), *self.queue]:
@@ -369,6 +464,14 @@ class Engine:
     def _gauge_slots(self) -> None:
         self.metrics.set("slots_active", len(self.slots))
         self.metrics.set("prefilling", len(self.prefill.requests) if self.prefill else 0)
+        self._gauge_blocks()
+
+    def _gauge_blocks(self) -> None:
+        if self.pool is not None:
+            free = self.pool.num_free
+            self.metrics.set("kv_blocks_reserved", sum(self.reserved.values()))
+            self.metrics.set("kv_blocks_free", free)
+            self.metrics.set("kv_blocks_used", self.pool.paging.num_blocks - 1 - free)
 
     def _admit(self) -> None:
         """Ends a prefill whose requests have all been cancelled; with no prefill under way,
@@ -381,7 +484,8 @@ class Engine:
             return
         taken = []
         with self.wake:
-            while self.queue and len(taken) < self.config.max_batch - len(self.slots):
+            while (self.queue and len(taken) < self.config.max_batch - len(self.slots)
+                   and self._reserve(self.queue[0])):
                 taken.append(self.queue.popleft())
             self.metrics.set("queue_depth", len(self.queue))
         for r in taken:
@@ -393,12 +497,71 @@ class Engine:
             lens = np.ones(n, np.int32)  # padding rows: one token
             for i, r in enumerate(taken):
                 prompt[i, :len(r.ids)], lens[i] = r.ids, len(r.ids)
-            self.prefill = Prefill(taken, prompt, lens, *self._carry(n))
+            self.prefill = Prefill(taken, prompt, lens, *self._carry(n, taken))
 
-    def _carry(self, n: int):
-        """The empty cache and last hidden states a prefill of n rows starts from."""
-        return api.zeros_on_mesh(functools.partial(
-            prefill_carry, self.tparams, self.target.cfg, n, self.static["loop"]), self.target)
+    def _table(self, requests) -> np.ndarray:
+        """The block table of these requests' rows (None: a row with no blocks)."""
+        return self.pool.table(requests, self.num_slots)
+
+    def _reserve(self, r: Request) -> bool:
+        """Paged: holds r's worst case of blocks if the pool has them beside the other
+        requests' reservations (always true dense)."""
+        if self.pool is None:
+            return True
+        need = self._worst_case(len(r.ids) + r.max_tokens, self.pool.paging.block_size)
+        if sum(self.reserved.values()) + need > self.pool.paging.num_blocks - 1:
+            return False
+        self.reserved[r] = need
+        return True
+
+    def _release(self, r: Request) -> None:
+        """r's blocks and reservation back to the pool (a request that had none: nothing)."""
+        if self.pool is not None:
+            self.pool.free(r)
+            self.reserved.pop(r, None)
+
+    def _grow(self) -> None:
+        """Paged: gives each active row the blocks the next device call may write to (within
+        its reservation: it has fewer than max_tokens tokens) and puts the table in the state;
+        rows past the active ones hold none."""
+        if self.pool is None:
+            return
+        for r in self.slots:  # the row's cache holds at most its prompt and `sent` tokens
+            self.pool.grow(r, min(len(r.ids) + r.sent + self.ahead, self.num_slots))
+        pad = [None] * (self.config.max_batch - len(self.slots))
+        self.state = retable(self.state, self._table([*self.slots, *pad]))
+
+    def _carry(self, n: int, requests: list[Request]):
+        """The empty cache and last hidden states a prefill of n rows (requests, then padding)
+        starts from. Paged, the requests' prompts get their blocks and the cache is their
+        table, with no pools: each pass borrows the state's (`_lend`)."""
+        make = self._dense_carry(n)
+        if self.pool is None:
+            return api.zeros_on_mesh(make, self.target)
+        for r in requests:
+            self.pool.grow(r, len(r.ids))
+        table = self._table([*requests, *[None] * (n - len(requests))])
+        last = jax.eval_shape(make)[1]
+        return (KVCache(k=[], v=[], lengths=jnp.zeros((n,), jnp.int32),
+                        table=jnp.asarray(table)),
+                api.zeros_on_mesh(lambda: jnp.zeros(last.shape, last.dtype), self.target))
+
+    def _dense_carry(self, n: int):
+        """() -> the dense cache and last hidden states of a prefill of n rows."""
+        return functools.partial(prefill_carry, self.tparams, self.target.cfg, n,
+                                 self.static["loop"])
+
+    def _lend(self, cache: KVCache) -> KVCache:
+        """A paged prefill's cache holding the state's pools: the pass that takes it (donated)
+        writes into them, and `_take_back` returns them to the state."""
+        return cache if self.pool is None else cache.replace(k=self.state.cache.k,
+                                                             v=self.state.cache.v)
+
+    def _take_back(self, cache: KVCache) -> KVCache:
+        if self.pool is None:
+            return cache
+        self.state = self.state.replace(cache=self.state.cache.replace(k=cache.k, v=cache.v))
+        return cache.replace(k=[], v=[])
 
     def _prefill_pass(self) -> None:
         """One pass of the prefill under way (`PREFILL_STEP`), within the cache; the last
@@ -406,10 +569,12 @@ class Engine:
         p = self.prefill
         width = min(self.config.prefill_chunk, self.num_slots - p.done,
                     -(-(p.longest - p.done) // PREFILL_STEP) * PREFILL_STEP)
-        p.cache, p.last, taps = _pass(
-            self.tparams, p.cache, p.last, jnp.asarray(p.prompt[:, p.done:p.done + width]),
+        cache, p.last, taps = _pass(
+            self.tparams, self._lend(p.cache), p.last,
+            jnp.asarray(p.prompt[:, p.done:p.done + width]),
             jnp.int32(p.done), jnp.asarray(p.lens), tcfg=self.target.cfg, taps=self.taps,
             kernels=self.static["loop"].kernels)
+        p.cache = self._take_back(cache)
         if taps is not None:
             p.taps.append(taps)
         p.done += width
@@ -450,6 +615,7 @@ class Engine:
     def _step(self) -> None:
         n = len(self.slots)
         active = next(b for b in self.buckets if b >= n)
+        self._grow()
         self.state, view = self._run_round(active)
         tokens, nums, done, rounds, accepted = jax.device_get(view)
         self._count_rounds(rounds[:n], accepted[:n])
@@ -491,6 +657,7 @@ class Engine:
             self.metrics.set("round_tokens", committed / ran)
 
     def _finish(self, r: Request, reason: str | None, error: str | None) -> None:
+        self._release(r)
         self.metrics.count("requests", outcome=reason or "error")
         try:
             r.on_event([], reason, error)

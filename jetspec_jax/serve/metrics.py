@@ -18,6 +18,10 @@ HELP = {  # name -> (type, help)
     "slots_active": ("gauge", "batch slots holding a request, counted as they join and leave"),
     "prefilling": ("gauge", "requests being prefilled, out of the queue and not yet in a slot"),
     "slots_total": ("gauge", "batch slots on the device"),
+    "kv_blocks_used": ("gauge", "paged KV cache blocks held by requests (--kv-block-size)"),
+    "kv_blocks_free": ("gauge", "paged KV cache blocks free in the pool"),
+    "kv_blocks_reserved": ("gauge", "paged KV cache blocks reserved by the admitted requests "
+                           "(each one's worst case; a request waits for its own to fit)"),
 }
 
 
