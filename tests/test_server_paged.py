@@ -179,6 +179,28 @@ def test_a_cancelled_request_gives_its_blocks_back(wide):
     assert wide.metrics.get("kv_blocks_reserved") == 0
 
 
+def test_a_prefill_that_cannot_start_fails_its_requests_alone(wide, solo):
+    """Its requests end with an error and give their blocks back; the next ones run."""
+    real, calls = wide._carry, []
+
+    def fail_once(n, requests):
+        calls.append(n)
+        if len(calls) == 1:
+            raise RuntimeError("out of device memory")
+        return real(n, requests)
+
+    wide._carry = fail_once
+    try:
+        errors, ended = [], threading.Event()
+        wide.submit(Request(PROMPTS[1], 8, lambda toks, reason, error: (
+            errors.append(error), ended.set()) if reason or error else None))
+        assert ended.wait(30) and "prefill failed: out of device memory" in errors[-1]
+        assert blocks_used(wide) == 0 and wide.metrics.get("kv_blocks_reserved") == 0
+        assert run_all(wide, [(2, 8)]) == [solo(2, 8)]
+    finally:
+        wide._carry = real
+
+
 @pytest.mark.parametrize("changes, words", [
     (dict(kv_block_size=24), "kv_block_size must be a multiple of 16"),
     (dict(kv_block_size=8), "kv_block_size must be a multiple of 16"),

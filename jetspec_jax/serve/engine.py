@@ -497,7 +497,14 @@ class Engine:
             lens = np.ones(n, np.int32)  # padding rows: one token
             for i, r in enumerate(taken):
                 prompt[i, :len(r.ids)], lens[i] = r.ids, len(r.ids)
-            self.prefill = Prefill(taken, prompt, lens, *self._carry(n, taken))
+            try:
+                carry = self._carry(n, taken)
+            except Exception as e:  # noqa: BLE001  (device memory): these fail, the rest run on
+                log.exception("starting a prefill failed")
+                for r in taken:
+                    self._finish(r, None, f"prefill failed: {e}")
+                return
+            self.prefill = Prefill(taken, prompt, lens, *carry)
 
     def _table(self, requests) -> np.ndarray:
         """The block table of these requests' rows (None: a row with no blocks)."""
