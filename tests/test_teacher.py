@@ -27,6 +27,15 @@ def test_two_stage_top_k_is_exact(groups, group, k, seed):
     np.testing.assert_array_equal(ids, want_ids)
 
 
+def test_two_stage_top_k_breaks_ties_as_top_k_does():
+    """Equal logits in different groups: the lower id comes first, as with `jax.lax.top_k`."""
+    x = jax.random.randint(jax.random.key(1), (64, 2048), 0, 40).astype(jnp.float32)
+    top, ids = exact_top_k(x, 16, 16)
+    want_top, want_ids = jax.lax.top_k(x, 16)
+    np.testing.assert_array_equal(top, want_top)
+    np.testing.assert_array_equal(ids, want_ids)
+
+
 def test_two_stage_top_k_runs_where_the_groups_are_many():
     """The concentrated case: the K largest entries all in one group."""
     x = jnp.zeros((2, 4096)).at[:, 640:648].set(jnp.arange(8.0) + 1)

@@ -41,6 +41,7 @@ def exact_top_k(x, k: int, group: int = 128):
         return top, ids.astype(jnp.int32)
     grouped = x.reshape(*x.shape[:-1], v // group, group)
     _, best = jax.lax.top_k(grouped.max(-1), k)  # [..., K] group ids
+    best = jnp.sort(best, axis=-1)  # candidates in id order: ties go to the lower id, as top_k's
     cand = jnp.take_along_axis(grouped, best[..., None], axis=-2)  # [..., K, group]
     top, at = jax.lax.top_k(cand.reshape(*x.shape[:-1], k * group), k)
     ids = jnp.take_along_axis(best, at // group, axis=-1) * group + at % group
