@@ -44,15 +44,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetspec_jax import api
-from jetspec_jax.decode.autoregressive import (ar_continue, first_token, prefill_carry,
-                                               prefill_logits, prefill_pass)
+from jetspec_jax.decode.autoregressive import prefill_carry
 from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import RowSampler
-from jetspec_jax.decode.speculative import (from_prefill, slots_ahead, spec_continue,
-                                            working_slots)
+from jetspec_jax.decode.speculative import slots_ahead, working_slots
 from jetspec_jax.model.blocks import BlockAllocator
-from jetspec_jax.model.cache import KVCache, Paging, copy_blocks, retable
+from jetspec_jax.model.cache import KVCache, Paging, retable
 from jetspec_jax.options import PREFILL_CHUNK
+from jetspec_jax.serve import programs as P
 from jetspec_jax.serve.metrics import Metrics
 
 log = logging.getLogger("jetspec.serve")
@@ -141,105 +140,7 @@ def _key(seed: int) -> jax.Array:
     return jax.random.fold_in(key, seed >> 32) if seed >> 32 else key
 
 
-# ---- device programs -------------------------------------------------------------------------
-
-_STATIC = ("tcfg", "dcfg", "loop")
-
-
-def _is_cache(x) -> bool:
-    return isinstance(x, KVCache)
-
-
-def _rowwise(fn, state, *rest):
-    """fn over the per-row leaves of decoding states (batch first). A paged cache's pools hold
-    every row's blocks, not rows: they are the last state's, and its lengths and table are
-    per row."""
-    def one(x, *ys):
-        if not (_is_cache(x) and x.table is not None):
-            return jax.tree.map(fn, x, *ys)
-        return (ys[-1] if ys else x).replace(lengths=fn(x.lengths, *(y.lengths for y in ys)),
-                                             table=fn(x.table, *(y.table for y in ys)))
-
-    return jax.tree.map(one, state, *rest, is_leaf=_is_cache)
-
-
-@functools.partial(jax.jit, static_argnames=("tcfg", "taps", "kernels"),
-                   donate_argnames=("cache", "last"))
-def _pass(tparams, cache, last, tokens, start, lens, *, tcfg, taps, kernels):
-    """One prefill pass of a group of arrivals (`prefill_pass`)."""
-    return prefill_pass(tparams, tcfg, tokens, start, lens, cache, last, taps=taps,
-                        kernels=kernels)
-
-
-def _rows(tparams, dparams, cache, last, taps, prompt, lens, key, rows, *, tcfg, dcfg,
-          loop: Loop):
-    """The decoding state of prefilled rows (speculative with a head, else autoregressive):
-    their first tokens, and with a head the draft context of their taps (one [B, C, k*D] per
-    pass). prompt [B, S]: the prompts padded to the cache's slots."""
-    logits, cache = prefill_logits(tparams, tcfg, last, lens, cache, loop.kernels)
-    if dcfg is None:
-        return first_token(logits, cache, key, rows, loop)
-    ar = first_token(logits, cache, key, rows, loop, slack=dcfg.block_size)
-    return from_prefill(ar, tparams, dparams, dcfg, prompt, lens,
-                        jnp.concatenate(taps, axis=1) if taps else None, loop)
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames="state")
-def _write_rows(tparams, dparams, state, cache, last, taps, prompt, lens, key, rows, slots,
-                *, loop: Loop, **static):
-    """Writes the prefilled rows into rows `slots` of the state (a slot past the last one
-    drops its row: padding, or a request cancelled while it was prefilled). Paged, `cache` is
-    the rows' block table over the state's pools (`Engine._lend`)."""
-    if loop.paging is not None:
-        cache = cache.replace(k=state.cache.k, v=state.cache.v)
-    new = _rows(tparams, dparams, cache, last, taps, prompt, lens, key, rows, loop=loop,
-                **static)
-    if loop.paging is not None and getattr(new, "draft_cache", None) is not None:
-        new = new.replace(draft_cache=copy_blocks(state.draft_cache, new.draft_cache,
-                                                  cache.table))
-    return _rowwise(lambda full, x: full.at[slots].set(x, mode="drop"), state, new)
-
-
-@functools.partial(jax.jit, donate_argnames="state")
-def _evict(state, hole, last):
-    """Row `last` moves into row `hole`; row `last` is then marked done (free)."""
-    state = _rowwise(lambda x: x.at[hole].set(x[last]), state)
-    return state.replace(out=state.out.replace(done=state.out.done.at[last].set(True)))
-
-
-@functools.partial(jax.jit, static_argnames=(*_STATIC, "active", "tree_spec", "chunk"),
-                   donate_argnames="state")
-def _advance(tparams, dparams, state, rows, *, active, tcfg, dcfg, tree_spec, chunk,
-             loop: Loop):
-    """`chunk` rounds for rows 0..active-1 -> (state, what the host reads back)."""
-    head = _rowwise(lambda x: x[:active], state)
-    sampler = rows.rows(0, active)
-    if dcfg is None:
-        head = ar_continue(tparams, head, cfg=tcfg, sampler=sampler, loop=loop,
-                           max_steps=chunk)
-        rounds = accepted = jnp.zeros((active,), jnp.int32)
-    else:
-        head = spec_continue(tparams, dparams, head, tcfg=tcfg, dcfg=dcfg, tree_spec=tree_spec,
-                             sampler=sampler, loop=loop, max_rounds=chunk)
-        rounds, accepted = head.stats.rounds, jnp.sum(head.stats.accepted, axis=1)
-    view = (head.out.tokens, head.out.num_tokens, head.out.done, rounds, accepted)
-    if active < state.out.done.shape[0]:
-        return _rowwise(lambda full, h: full.at[:active].set(h), state, head), view
-    return head, view
-
-
 # ---- the engine ------------------------------------------------------------------------------
-
-
-def _pool_shape(rows: KVCache, paging: Paging) -> KVCache:
-    """The shape of a paged cache of these dense rows' layers and batch."""
-    b, k, s, h = rows.k[0].shape
-
-    def pool(x):
-        return jax.ShapeDtypeStruct((paging.num_blocks, k, paging.block_size, h), x.dtype)
-
-    return rows.replace(k=[pool(x) for x in rows.k], v=[pool(x) for x in rows.v],
-                        table=jax.ShapeDtypeStruct((b, s // paging.block_size), jnp.int32))
 
 
 def _greedy_rows(n: int) -> dict[str, np.ndarray]:
@@ -402,13 +303,13 @@ class Engine:
                 ) if self.taps else ()
         loop = self.static["loop"]
         shapes = jax.eval_shape(
-            functools.partial(_rows, **dict(self.static, loop=dataclasses.replace(
+            functools.partial(P.new_rows, **dict(self.static, loop=dataclasses.replace(
                 loop, paging=None))), self.tparams, self.dparams, cache, last,
             taps, shape(b, self.num_slots), shape(b), jax.random.split(jax.random.key(0), b),
             _row_sampler(self.rows))
         if loop.paging is not None:  # every table entry the null block: no row holds any
-            shapes = jax.tree.map(lambda x: _pool_shape(x, loop.paging) if _is_cache(x) else x,
-                                  shapes, is_leaf=_is_cache)
+            shapes = jax.tree.map(lambda x: P.pool_shape(x, loop.paging) if P.is_cache(x) else x,
+                                  shapes, is_leaf=P.is_cache)
 
         def zeros():
             state = jax.tree.map(
@@ -420,7 +321,7 @@ class Engine:
         return api.zeros_on_mesh(zeros, self.target)
 
     def _run_round(self, active: int):
-        return _advance(self.tparams, self.dparams, self.state, _row_sampler(self.rows),
+        return P.advance(self.tparams, self.dparams, self.state, _row_sampler(self.rows),
                         active=active, tree_spec=self.specs[active], chunk=self.chunk,
                         **self.static)
 
@@ -576,7 +477,7 @@ class Engine:
         p = self.prefill
         width = min(self.config.prefill_chunk, self.num_slots - p.done,
                     -(-(p.longest - p.done) // PREFILL_STEP) * PREFILL_STEP)
-        cache, p.last, taps = _pass(
+        cache, p.last, taps = P.prefill_chunk(
             self.tparams, self._lend(p.cache), p.last,
             jnp.asarray(p.prompt[:, p.done:p.done + width]),
             jnp.int32(p.done), jnp.asarray(p.lens), tcfg=self.target.cfg, taps=self.taps,
@@ -604,7 +505,7 @@ class Engine:
                 rows[k][i] = v
         seeds = [r.seed if r.seed is not None else int.from_bytes(os.urandom(8), "little")
                  for r in p.requests]
-        self.state = _write_rows(
+        self.state = P.write_rows(
             self.tparams, self.dparams, self.state, p.cache, p.last, tuple(p.taps),
             jnp.asarray(p.prompt), jnp.asarray(p.lens),
             jnp.stack([_key(s) for s in seeds + [0] * (n - len(seeds))]),
@@ -647,7 +548,7 @@ class Engine:
                 self._finish(r, reason, None)
         for i in reversed(finished):  # the last slot fills each hole: slots stay a prefix
             last = len(self.slots) - 1
-            self.state = _evict(self.state, jnp.int32(i), jnp.int32(last))
+            self.state = P.evict(self.state, jnp.int32(i), jnp.int32(last))
             for v in self.rows.values():
                 v[i] = v[last]
             self.slots[i] = self.slots[last]
