@@ -118,3 +118,12 @@ def run_training_script(tmp_path, script, env: dict, make_data: bool = True):
                           env={"PATH": "/usr/bin:/bin", "RUN": str(run), "PY": str(py),
                                "CALLS": str(calls), **env})
     return done, (calls.read_text().splitlines() if calls.exists() else [])
+
+
+def tiny_models():
+    """A tiny random target (vocabulary 64) and head, as the serving tests load them."""
+    from jetspec_jax.io.load import Draft, Target
+
+    tcfg, tparams = tiny_target("dense", seed=5, vocab=64)
+    dcfg, dparams = tiny_head(tcfg, seed=6, block_size=4)
+    return Target(tcfg, tparams, None, "tiny"), Draft(dcfg, dparams)

@@ -11,10 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import tiny_head, tiny_target
+from helpers import tiny_models
 from jetspec_jax import api
 from jetspec_jax.cli import main
-from jetspec_jax.io.load import Draft, Target
 from jetspec_jax.serve.engine import Engine, EngineConfig, Request
 
 BLOCK = 16
@@ -53,9 +52,7 @@ class Watched(Engine):
 
 @pytest.fixture(scope="module")
 def models():
-    tcfg, tparams = tiny_target("dense", seed=5, vocab=64)
-    dcfg, dparams = tiny_head(tcfg, seed=6, block_size=4)
-    return Target(tcfg, tparams, None, "tiny"), Draft(dcfg, dparams)
+    return tiny_models()
 
 
 @pytest.fixture(scope="module")
