@@ -18,7 +18,7 @@ MAY_IMPORT = {
     "results": {"decode"},
     "costs": {"model", "decode"},
     "api": {"model", "draft", "decode", "io", "results", "costs"},
-    "serve": {"api", "decode", "io"},
+    "serve": {"api", "model", "decode", "io"},  # model: the engine pages the KV caches
     "cli": {"api", "model", "draft", "decode", "io", "train", "serve"},
 }
 
