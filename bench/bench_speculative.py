@@ -1,9 +1,11 @@
 """Speculative decoding on one GPU: (1) the kernels give the same tokens as the reference
 attention, and speculative equals autoregressive output; (2) the cost of one speculative
 round, split into its phases, against one autoregressive step, for a Qwen3-8B-shaped target
-with random bf16 weights and a reference-sized head (5 layers, block 16).
+with random bf16 weights and a reference-sized head (5 layers, block 16), or (--real) a
+model's own weights and shipped head.
 
   python -m bench.bench_speculative --out runs/spec.json
+  python -m bench.bench_speculative --real --model smollm2-135m --budgets 16 64 --out s.json
 Rows are written as they come; --resume (with the last call's --out carried back in) times
 only the configurations that file lacks.
 Projected speedups use tau from elsewhere (the paper's, or one measured on a real target):
@@ -155,7 +157,7 @@ def inspect(exe, args, name: str, profile_dir: str | None, hlo_dir: str | None, 
 
 
 def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool, deadline: float,
-               profile_dir=None, hlo_dir=None):
+               profile_dir=None, hlo_dir=None, width=7, ngram=0, cache_dtype=jnp.bfloat16):
     """One AR step and one whole speculative round per budget, each timed inside a compiled
     loop (as `spec_generate` and `ar_generate` run them); with phases, also the round's parts,
     each in its own compiled loop. Yields one row per budget; budgets past the deadline
@@ -170,7 +172,7 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool, deadli
                                 jnp.int32)
     lens = jnp.full((batch,), context, jnp.int32)
     kernels = choose(moe=tcfg.is_moe)
-    loop = Loop(max_new=512, num_slots=num_slots, kernels=kernels, cache_dtype=jnp.bfloat16)
+    loop = Loop(max_new=512, num_slots=num_slots, kernels=kernels, cache_dtype=cache_dtype)
     make_state = jax.jit(lambda tp, dp, prompt, lens, key: init_state(
         tp, tcfg, dp, dcfg, prompt, lens, key, sampler=GREEDY, loop=loop))
     state = make_state(tp, dp, prompt, lens, jax.random.key(0))
@@ -190,7 +192,7 @@ def time_round(tcfg, tp, dcfg, dp, context, budgets, batch, phases: bool, deadli
         if time.perf_counter() > deadline:
             print(f"time budget spent: skipping {tag} budget {budget}", flush=True)
             continue
-        spec = TreeSpec(budget, 7)
+        spec = TreeSpec(budget, width, ngram=ngram)
         one_round = functools.partial(speculative_round, tree_spec=spec, sampler=GREEDY,
                                       loop=loop)
         rounds = lambda tp, dp, s, n: jax.lax.fori_loop(  # noqa: E731
@@ -220,6 +222,12 @@ def main():
                     help="batch sizes whose rounds are also split into phases")
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024])
     ap.add_argument("--model", default="qwen3-8b", help="preset name of the timed target")
+    ap.add_argument("--real", action="store_true",
+                    help="the model's real weights and its shipped head (e.g. --model "
+                         "smollm2-135m), not random ones of a preset and a reference-sized head")
+    ap.add_argument("--dtype", default="bfloat16", help="weights and caches with --real")
+    ap.add_argument("--width", type=int, default=7, help="tree fan-out")
+    ap.add_argument("--ngram", type=int, default=0, help="context chain of up to L tokens")
     ap.add_argument("--layout", choices=["separate", "fused"], default="separate",
                     help="target weights as loaded, or with q/k/v and gate/up concatenated "
                          "(jetspec_jax.model.layout)")
@@ -239,7 +247,8 @@ def main():
     deadline = time.perf_counter() + args.time_budget_s
     result = resume(args.out if args.resume else None, command_line(),
                     {"device": jax.devices()[0].device_kind, "date": time.strftime("%Y-%m-%d"),
-                     "layout": args.layout, "checks": [], "rows": []})
+                     "layout": args.layout, "weights": "real" if args.real else "random",
+                     "checks": [], "rows": []})
     stored = result.get("layout", "separate")  # files from before the option: separate
     if stored != args.layout:
         ap.error(f"--resume: {args.out} holds rows of the {stored} layout, not {args.layout}")
@@ -248,12 +257,19 @@ def main():
         for dtype in (jnp.float32, jnp.bfloat16):
             result["checks"].append(check_kernels(dtype))
             print(json.dumps(result["checks"][-1]), flush=True)
-    tcfg = config.preset(args.model)
-    tp = random_params(P.target_specs(tcfg))
+    if args.real:
+        from jetspec_jax import api
+
+        target = api.load_target(args.model, dtype=args.dtype)
+        draft = api.load_draft(api.default_draft_path(args.model), target)
+        tcfg, tp, dcfg, dp = target.cfg, target.params, draft.dcfg, draft.params
+    else:
+        tcfg = config.preset(args.model)
+        tp = random_params(P.target_specs(tcfg))
+        dcfg = draft_head.draft_config_for(tcfg, num_layers=5, block_size=16, num_taps=5)
+        dp = random_params(draft_head.draft_specs(dcfg))
     if args.layout == "fused":  # q/k/v and gate/up concatenated (jetspec_jax.model.layout)
         tp = jax.block_until_ready(jax.jit(fuse_projections)(tp))
-    dcfg = draft_head.draft_config_for(tcfg, num_layers=5, block_size=16, num_taps=5)
-    dp = random_params(draft_head.draft_specs(dcfg))
     per_batch = {int(b): [int(n) for n in ns.split(",")] for b, ns in
                  (x.split(":") for x in args.batch_budgets)}
     for context in args.contexts:
@@ -264,7 +280,8 @@ def main():
                 continue
             for row in time_round(tcfg, tp, dcfg, dp, context, budgets,
                                   batch, batch in args.phase_batches, deadline, args.profile,
-                                  args.dump_hlo):
+                                  args.dump_hlo, args.width, args.ngram,
+                                  jnp.dtype(args.dtype) if args.real else jnp.bfloat16):
                 result["rows"].append(row)
                 if args.out:
                     write_json(args.out, result)

@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 from helpers import tiny_target
 from jetspec_jax.model import target
 from jetspec_jax.train.head_forward import target_pass
-from jetspec_jax.train.teacher import exact_top_k, label_top_k, top_k_teacher, width_batches
+from jetspec_jax.model.layers import exact_top_k
+from jetspec_jax.train.teacher import label_top_k, top_k_teacher, width_batches
 
 
 @settings(max_examples=25, deadline=None)

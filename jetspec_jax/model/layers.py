@@ -106,3 +106,21 @@ def moe(x, router, gate, up, down, *, top_k, normalize, kernels: Kernels = XLA):
         out_sorted.astype(jnp.float32) * pair_weight[order][:, None]
     )
     return combined.astype(x.dtype).reshape(b, t, d)
+
+
+def exact_top_k(x, k: int, group: int = 128):
+    """`jax.lax.top_k` over the last axis (values, int32 ids), in two small selections where
+    the axis splits into many groups: the K groups with the largest maxima hold the K largest
+    entries (an entry outside them has K larger ones, one in each), so top_k over those groups'
+    K x group entries is exact, and no selection runs over the whole vocabulary."""
+    v = x.shape[-1]
+    if v % group or v // group < 4 * k:
+        top, ids = jax.lax.top_k(x, k)
+        return top, ids.astype(jnp.int32)
+    grouped = x.reshape(*x.shape[:-1], v // group, group)
+    _, best = jax.lax.top_k(grouped.max(-1), k)  # [..., K] group ids
+    best = jnp.sort(best, axis=-1)  # candidates in id order: ties go to the lower id, as top_k's
+    cand = jnp.take_along_axis(grouped, best[..., None], axis=-2)  # [..., K, group]
+    top, at = jax.lax.top_k(cand.reshape(*x.shape[:-1], k * group), k)
+    ids = jnp.take_along_axis(best, at // group, axis=-1) * group + at % group
+    return top, ids.astype(jnp.int32)
