@@ -11,7 +11,7 @@
 # Each stretch re-warms a fresh optimizer over WARMUP steps at the step it continues from.
 # Settings from the environment [defaults]: STATE [checkpoints/smollm2-135m-jetspec-run]
 #   RUN [runs/long-run] scratch folder  PROMPTS [the exported prompt file, required]
-#   SEQS [22000] prompts per stretch (one greedy and one sampled answer each: ~20M tokens)
+#   SEQS [22000] prompts per stretch (one greedy and one sampled answer each: ~17M tokens)
 #   STEPS [40000]  BATCH [32]  LR [4e-4]  WARMUP [200]  PY [python3]
 #   DRAFT_VOCAB_COVERAGE [0.995] the share of the first stretch's answer tokens it covers
 set -euo pipefail
