@@ -32,25 +32,27 @@ from bench.peers import llama_cpp
 
 
 def ours(args, target, ids) -> tuple[list[dict], list[list[int]]]:
-    """Ours AR, then speculative at each budget -> (rows, our AR tokens)."""
+    """Ours AR, then speculative at each budget, then the n-gram drafter alone -> (rows, our AR
+    tokens)."""
     from jetspec_jax import api
     from bench.peers.reference import generate
 
     ar = generate(target, ids, args.max_new)
     rows = [dict(engine="jetspec_jax", mode="autoregressive", ar=True, tokens=_n(ar["tokens"]),
                  seconds=ar["seconds"], compile_s=ar["compile_s"])]
-    draft = api.load_draft(api.default_draft_path(target.name), target)
-    for b in args.budgets or [api.default_budget(draft)]:
-        sp = generate(target, ids, args.max_new, draft=draft, budget=b)
-        rows.append(dict(engine="jetspec_jax", mode=f"speculative (budget {b})", ar=False,
-                         budget=b, tokens=_n(sp["tokens"]), seconds=sp["seconds"],
+
+    def speculative(mode, draft, tree_budget, **extra):
+        sp = generate(target, ids, args.max_new, draft=draft, budget=tree_budget)
+        rows.append(dict(engine="jetspec_jax", mode=mode, ar=False, **extra,
+                         tokens=_n(sp["tokens"]), seconds=sp["seconds"],
                          compile_s=sp["compile_s"], tau=sp["tau"],
                          identical_to_ar=sp["tokens"] == ar["tokens"]))
+
+    draft = api.load_draft(api.default_draft_path(target.name), target)
+    for b in args.budgets or [api.default_budget(draft)]:
+        speculative(f"speculative (budget {b})", draft, b, budget=b)
     ng = api.ngram_draft()  # prompt lookup, no head: what llama-lookup does
-    sp = generate(target, ids, args.max_new, draft=ng, budget=api.default_budget(ng))
-    rows.append(dict(engine="jetspec_jax", mode="n-gram drafter (no head)", ar=False,
-                     tokens=_n(sp["tokens"]), seconds=sp["seconds"], compile_s=sp["compile_s"],
-                     tau=sp["tau"], identical_to_ar=sp["tokens"] == ar["tokens"]))
+    speculative("n-gram drafter (no head)", ng, api.default_budget(ng))
     return rows, ar["tokens"]
 
 

@@ -398,14 +398,10 @@ class Engine:
             lens = np.ones(n, np.int32)  # padding rows: one token
             for i, r in enumerate(taken):
                 prompt[i, :len(r.ids)], lens[i] = r.ids, len(r.ids)
-            try:
-                carry = self._carry(n, taken)
-            except Exception as e:  # noqa: BLE001  (device memory): these fail, the rest run on
-                log.exception("starting a prefill failed")
-                for r in taken:
-                    self._finish(r, None, f"prefill failed: {e}")
-                return
-            self.prefill = Prefill(taken, prompt, lens, *carry)
+            # Held before its carry is made: if that fails (device memory), the loop's prefill
+            # handler fails these requests and frees their blocks.
+            self.prefill = Prefill(taken, prompt, lens, None, None)
+            self.prefill.cache, self.prefill.last = self._carry(n, taken)
 
     def _table(self, requests) -> np.ndarray:
         """The block table of these requests' rows (None: a row with no blocks)."""

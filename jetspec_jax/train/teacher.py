@@ -17,17 +17,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from jetspec_jax.model import target
-from jetspec_jax.model.layers import exact_top_k
 from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.layers import exact_top_k
 from jetspec_jax.train.head_forward import target_pass
 
 
-def top_k_teacher(logits, top_k: int, group: int = 128):
+def top_k_teacher(logits, top_k: int):
     """logits [..., V] -> the K most likely tokens' log-probabilities (under the full softmax)
     and ids [..., K] int32, most likely first: top_k of the logits minus their logsumexp (the
     log-softmax's top-K without a second [..., V] array)."""
     logits = logits.astype(jnp.float32)
-    top, ids = exact_top_k(logits, top_k, group)
+    top, ids = exact_top_k(logits, top_k)
     return top - jax.nn.logsumexp(logits, axis=-1, keepdims=True), ids
 
 
