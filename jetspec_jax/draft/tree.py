@@ -57,12 +57,18 @@ class DraftTree:
 
 @functools.partial(jax.jit, static_argnames="width")
 def topk_from_logits(draft_logits, width: int):
-    """draft_logits [..., D, V] -> topk_logprobs (f32, descending), topk_tokens: [..., D, width]."""
+    """draft_logits [..., D, V] -> topk_logprobs (f32, descending), topk_tokens: [..., D, width].
+
+    The top-K of the logits, normalised alone with log_softmax's own float ops: no [D, V]
+    log-probabilities are made, which XLA:CPU fused into the tree build's program at 20-40x
+    the cost of the two apart."""
     if width < 1 or width > draft_logits.shape[-1]:
         raise ValueError(f"width must be in [1, vocab={draft_logits.shape[-1]}], got {width}")
-    logprobs = jax.nn.log_softmax(draft_logits.astype(jnp.float32), axis=-1)
-    values, tokens = jax.lax.top_k(logprobs, width)
-    return values, tokens.astype(jnp.int32)
+    logits = draft_logits.astype(jnp.float32)
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    log_total = jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1, keepdims=True))
+    values, tokens = jax.lax.top_k(logits, width)
+    return (values - top) - log_total, tokens.astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames="method")
