@@ -14,6 +14,8 @@
 #   SEQS [22000] prompts per stretch (one greedy and one sampled answer each: ~17M tokens)
 #   STEPS [40000]  BATCH [32]  LR [4e-4]  WARMUP [200]  PY [python3]
 #   DRAFT_VOCAB_COVERAGE [0.995] the share of the first stretch's answer tokens it covers
+#   STEP_BENCH_OUT [unset] a file: before training, time the step on this stretch's data
+#   (bench.train_step: online teacher, stored top-K, the run's draft vocabulary; batch 32, 64)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${STATE:-checkpoints/smollm2-135m-jetspec-run}
@@ -44,6 +46,13 @@ fi
 common=(RUN="$RUN" PY="$PY" PROMPTS="$PROMPTS")
 env "${common[@]}" STAGES=data SEQS="${SEQS:-22000}" HELDOUT=128 MAX_PROMPT=512 MAX_NEW=512 \
   SAMPLES=1 SEED="$seed" TEACHER_TOP_K=32 GEN_BATCH=512 bash scripts/train_default_head.sh
+if [[ -n "${STEP_BENCH_OUT:-}" ]]; then  # a failed benchmark does not cost the stretch
+  vocab=$($PY -c 'import sys; from jetspec_jax.io.shards import read_shards
+print(len(read_shards(sys.argv[1:])[1].get("draft_vocab") or []) or 16384)' "${parts[@]}" \
+    2>/dev/null || echo 16384)
+  $PY -m bench.train_step --data "$RUN/data" --vocab "$vocab" --batch 32 64 --steps 5 \
+    --out "$STEP_BENCH_OUT" || echo "warning: the step benchmark failed" >&2
+fi
 env "${common[@]}" "${start[@]}" STAGES=train INIT_HEAD="${init[*]}" STEPS="${STEPS:-40000}" \
   LR="${LR:-4e-4}" WARMUP="${WARMUP:-200}" GAMMA=3 DEPTH1_WEIGHT=3 LAYERS=3 BATCH="${BATCH:-32}" \
   ANCHORS=256 ANCHOR_CHUNK=32 DRAFT_VOCAB_COVERAGE="${DRAFT_VOCAB_COVERAGE:-0.995}" \

@@ -11,6 +11,8 @@
 # The folders hold the xz-compressed GGUF in parts; model1 also holds the extras: the exported
 # training prompts (every source, with their split), the gguf wheel and the three benchmark
 # data files.
+# STATE=DIR also packs a long run's state (scripts/long_run.sh), in the last model folder and
+# .pack/state1, ..., for a checkout copied without DIR (move it aside while copying).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -23,7 +25,11 @@ bytes() { find "$@" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}'; 
 
 # Room per folder: 64 MiB less the tracked tree, less 2 MB of slack (a copy with 190 kB to
 # spare was refused: the limit counts more than the bytes of the files).
-tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+# The tracked files present, less STATE's (they travel in the state folders): a folder moved
+# aside does not travel.
+skip=$( [[ -n "${STATE:-}" ]] && realpath -m --relative-to=. "$STATE" || echo /)
+tree=$(git ls-files -z | { xargs -0 stat -c '%s %n' 2>/dev/null || true; } \
+  | awk -v skip="$skip/" 'index($2, skip) != 1 {s += $1} END {print s + 0}')
 room=$(( 64 * 1024 * 1024 - tree - 2000000 ))
 
 echo "compressing the GGUF (xz -9e, about a minute)"
@@ -65,3 +71,18 @@ for d in "$out"/model[0-9]*; do
   [ "$size" -le "$room" ] || { echo "error: $d does not fit beside the tree" >&2; exit 1; }
 done
 echo "GGUF: $total bytes of xz in $parts parts"
+[[ -n "${STATE:-}" ]] || exit 0
+# The state's files, largest first: into the last model folder's spare room (staged from its
+# state/ subfolder), then into as few state folders as fit.
+rm -rf "$out"/state[0-9]*
+last=$out/model$parts
+dest=$last/state; left=$(( room - $(bytes "$last") )); n=0
+while read -r size f; do
+  if (( size > left )); then
+    n=$(( n + 1 )); dest=$out/state$n; left=$room
+    (( size <= left )) || { echo "error: $f is larger than a folder's room" >&2; exit 1; }
+  fi
+  mkdir -p "$dest" && cp "$f" "$dest/" && left=$(( left - size ))
+done < <(find "$STATE" -maxdepth 1 -type f -printf '%s %p\n' | sort -rn)
+echo "the state of $STATE: $(ls "$last/state" 2>/dev/null | wc -l) files in $last/state," \
+  "the rest in $n state folders"

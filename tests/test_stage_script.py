@@ -46,6 +46,8 @@ def test_parts_in_any_order_join_into_the_model(tmp_path):
     model = bytes(range(256)) * 300
     folders = _packed(tmp_path, model)
     jc, md5 = tmp_path / "jc", hashlib.md5(model).hexdigest()
+    (folders[1] / "state").mkdir()  # the run's state in the last folder's spare room
+    (folders[1] / "state/metrics.jsonl").write_text("{}")
     first = _stage(folders[1], jc, md5)  # the part without the extras first
     assert first.returncode == 0, first.stderr
     assert "1 of 2" in first.stdout and not (jc / MODEL).exists()
@@ -54,6 +56,7 @@ def test_parts_in_any_order_join_into_the_model(tmp_path):
     assert (jc / MODEL).read_bytes() == model
     assert (jc / "pkgs/gguf/__init__.py").exists() and (jc / "pkgs/mmath/mmath/en.json").exists()
     assert (jc / "prompts.jsonl").read_text().startswith('{"id": "a"')
+    assert (jc / "state/metrics.jsonl").read_text() == "{}"
 
 
 @pytest.mark.parametrize("broken", ["part", "model"])
@@ -72,3 +75,19 @@ def test_a_bad_part_or_model_is_refused_and_not_left_behind(tmp_path, broken):
     assert last.returncode != 0
     assert ("parts fail their md5" if broken == "part" else "GGUF fails its md5") in last.stderr
     assert not list((jc / MODEL).parent.glob("*.gguf*"))  # no model, no half-written file
+
+
+def test_a_state_folder_is_staged_beside_the_model(tmp_path):
+    """pack_smollm2.sh's state folders (no parts.txt) land in $JC/state, folder after folder."""
+    jc = tmp_path / "jc"
+    for i, names in enumerate((["part-00001-of-00002.safetensors"],
+                               ["part-00002-of-00002.safetensors", "metrics.jsonl"])):
+        folder = tmp_path / f"state{i + 1}"
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_text(name)
+        staged = _stage(folder, jc, "0" * 32)
+        assert staged.returncode == 0, staged.stderr
+    assert sorted(p.name for p in (jc / "state").iterdir()) == [
+        "metrics.jsonl", "part-00001-of-00002.safetensors", "part-00002-of-00002.safetensors"]
+    assert not (jc / "parts").exists()

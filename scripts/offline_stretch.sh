@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# A stretch of the long run (scripts/long_run.sh) on a GPU machine that takes the checkout only
+# as a copy per command and keeps files outside it only for a while between commands
+# (docs/offline_gpu.md). After scripts/stage_smollm2.sh has staged the model, the prompts and
+# the run's state (pack_smollm2.sh with STATE) in $JC:
+#   DEADLINE=$(($(date +%s) + 1200)) bash scripts/offline_stretch.sh launch
+#   bash scripts/offline_stretch.sh wait 550          # in later commands, until it says done
+#   bash scripts/offline_stretch.sh collect OUTDIR    # the new state, the logs (8 files)
+# launch copies the checkout to $JC/repo and starts the stretch there in a session of its own,
+# so it outlives the command; its log is $JC/stretch.log. STEP_BENCH=1 first times the
+# training step on the stretch's data (bench.train_step: the online teacher, the stored top-K,
+# the run's draft vocabulary; batch 32 and 64) into $JC/train_step.json.
+# Settings: JC [$HOME/jc], DEADLINE (launch: the unix time by which training must end), and
+# long_run.sh's own (SEQS, BATCH, ...).
+set -euo pipefail
+JC=${JC:-$HOME/jc}
+LOG=$JC/stretch.log
+DONE="the state of the run is now at step"
+
+case "${1:-}" in
+  launch)
+    : "${DEADLINE:?set DEADLINE, the unix time by which training must end}"
+    [[ -f "$JC/prompts.jsonl" && -d "$JC/state" ]] \
+      || { echo "error: stage the model, the prompts and the run's state in $JC first" >&2; exit 1; }
+    src=$(cd "$(dirname "$0")/.." && pwd)
+    rm -rf "$JC/repo" && mkdir -p "$JC/repo"
+    tar -C "$src" --exclude=./.pack --exclude=./.venv --exclude=./runs -cf - . \
+      | tar -C "$JC/repo" -xf -
+    cd "$JC/repo"
+    export PYTHONPATH=$JC/pkgs:$JC/repo JAX_COMPILATION_CACHE_DIR=$JC/xla
+    setsid nohup env DEADLINE="$DEADLINE" PROMPTS="$JC/prompts.jsonl" RUN="$JC/run" \
+      STATE="$JC/state" \
+      PY="${PY:-python3}" STEP_BENCH_OUT="${STEP_BENCH:+$JC/train_step.json}" \
+      bash scripts/long_run.sh > "$LOG" 2>&1 < /dev/null &
+    echo "stretch started (pid $!), training until $(date -d "@$DEADLINE" +%T); log $LOG"
+    ;;
+  wait)
+    end=$(( $(date +%s) + ${2:?usage: offline_stretch.sh wait SECONDS} ))
+    while (( $(date +%s) < end )) && ! grep -q "$DONE" "$LOG" 2>/dev/null; do
+      pgrep -f scripts/long_run.sh > /dev/null || break  # ended without finishing: say so
+      sleep 10
+    done
+    tail -n 15 "$LOG"
+    if grep -q "$DONE" "$LOG"; then echo "STRETCH DONE"
+    elif pgrep -f scripts/long_run.sh > /dev/null; then echo "STRETCH RUNNING"
+    else echo "STRETCH FAILED (see $LOG)"; exit 1
+    fi
+    ;;
+  collect)
+    out=${2:?usage: offline_stretch.sh collect OUTDIR}
+    grep -q "$DONE" "$LOG" || { echo "error: the stretch has not finished" >&2; exit 1; }
+    mkdir -p "$out"
+    newest=$(ls -t "$JC"/state/data-seed*.json | head -1)
+    cp "$JC"/state/part-*.safetensors "$JC/state/metrics.jsonl" "$newest" "$LOG" "$out/"
+    [[ -f "$JC/train_step.json" ]] && cp "$JC/train_step.json" "$out/"
+    ls -l "$out"
+    ;;
+  *)
+    echo "usage: offline_stretch.sh launch | wait SECONDS | collect OUTDIR" >&2
+    exit 2
+    ;;
+esac
