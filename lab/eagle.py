@@ -216,8 +216,8 @@ class EagleDrafter:
 
     @staticmethod
     def draft(eparams, ecfg: EagleConfig, tparams, tcfg: ModelConfig, state, active, *,
-              tree_spec, kernels: Kernels):
-        del kernels  # the dynamic tree's attention is the dense reference
+              tree_spec, kernels: Kernels, need_tree=None):
+        del kernels, need_tree  # the dynamic tree's attention is the dense reference
         if tree_spec.buckets:
             raise ValueError("the EAGLE-style head grows its own tree: a fixed budget only")
         count = jnp.where(active, state.pending_count, 0)

@@ -6,7 +6,7 @@
 #   DEADLINE=$(($(date +%s) + 1200)) bash scripts/offline_stretch.sh launch
 #   bash scripts/offline_stretch.sh wait 550          # in later commands, until it says done
 #   bash scripts/offline_stretch.sh collect OUTDIR    # the new state, the logs (8 files)
-# launch copies the checkout to $JC/repo and starts the stretch there in a session of its own,
+# launch copies the checkout to $JC/repo and starts the stretch there detached (setsid),
 # so it outlives the command; its log is $JC/stretch.log. STEP_BENCH=1 first times the
 # training step on the stretch's data (bench.train_step: the online teacher, the stored top-K,
 # the run's draft vocabulary; batch 32 and 64) into $JC/train_step.json.

@@ -11,8 +11,8 @@ from helpers import tiny_head, tiny_target
 from test_sampling import check_speculative_sampling
 from test_speculative import assert_same, check_stats, run_both
 from jetspec_jax.decode.sampling import Sampler
-from jetspec_jax.draft.ngram import MAX_N, NgramConfig, add_chain, lookup
-from jetspec_jax.draft.tree import build_trees, topk_from_logits
+from jetspec_jax.draft.ngram import MAX_N, NgramConfig, add_chain, fills_tree, lookup
+from jetspec_jax.draft.tree import build_trees, root_trees, topk_from_logits
 from jetspec_jax.draft.tree_spec import TreeSpec
 
 SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
@@ -92,6 +92,30 @@ def test_merged_trees_are_valid_and_hold_the_chain(seed, budget, width, method, 
             assert kids == [k + 1]
             node = k + 1
         assert int(merged.valid[r].sum()) >= min(budget, int(tree.valid[r].sum()))
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**16), budget=st.integers(2, 9), width=st.integers(1, 4))
+def test_a_chain_that_fills_the_budget_leaves_the_drafted_tree_no_node(seed, budget, width):
+    """What the round skips drafting when `fills_tree`: merged onto the head's tree or onto
+    the root alone, a full chain gives the same tree (scores aside, which only adaptive
+    budgets read)."""
+    rng = np.random.default_rng(seed)
+    b, depth, vocab = 4, 8, 4  # a small vocabulary: chains share tokens with the tree
+    lp, tok = topk_from_logits(jnp.asarray(rng.normal(size=(b, depth, vocab)) * 3), width)
+    anchor = jnp.asarray(rng.integers(0, vocab, b), jnp.int32)
+    tree = build_trees(anchor, lp, tok, budget=budget)
+    length = budget - 1
+    chain = jnp.asarray(rng.integers(0, vocab, (b, length)), jnp.int32)
+    count = jnp.asarray(rng.integers(length - 1, length + 1, b), jnp.int32)
+    active = jnp.asarray(rng.random(b) < 0.8)
+    full = bool(fills_tree(chain, count, budget, active))
+    assert full == bool(jnp.all((count == length) | ~active))
+    assert fills_tree(chain[:, :-1], count, budget, active) is None  # too short ever to fill
+    merged, bare = (add_chain(t, chain, count, depth) for t in (tree, root_trees(anchor, budget)))
+    for r in np.flatnonzero(np.asarray(count == length)):
+        for field in ("tokens", "parents", "depths", "valid", "ancestors"):
+            np.testing.assert_array_equal(getattr(merged, field)[r], getattr(bare, field)[r])
 
 
 REPEATS = [  # (budget, ngram, block size): chains on a head's tree

@@ -75,10 +75,17 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, sta
     active = ~state.out.done
     kernels = loop.kernels
     drafter = drafters.of(dcfg)
+    found = None  # the context chain (draft/ngram.py)
+    if tree_spec.ngram:
+        found = ngram.round_chain(state, tree_spec.ngram, dcfg.depth, tree_spec.budget)
+    # A chain that takes the whole budget leaves the drafted tree no node: it need not be
+    # drafted (a fixed budget only: adaptive buckets read the tree's scores).
+    full = None if found is None else ngram.fills_tree(*found, tree_spec.budget, active)
+    need_tree = None if full is None or tree_spec.buckets else ~full
     tree, dcache = drafter.draft(dparams, dcfg, tparams, tcfg, state, active,
-                                 tree_spec=tree_spec, kernels=kernels)
-    if tree_spec.ngram:  # the context chain (draft/ngram.py)
-        tree = ngram.context_chain(tree, state, tree_spec.ngram, dcfg.depth)
+                                 tree_spec=tree_spec, kernels=kernels, need_tree=need_tree)
+    if found is not None:
+        tree = ngram.add_chain(tree, *found, dcfg.depth)
 
     def verify_round(tree):
         logits, cache, taps = verify_tree(tparams, tcfg, state.cache, tree,

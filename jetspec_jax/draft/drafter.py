@@ -7,9 +7,11 @@ written once. A head's config (static under jit) picks its drafter (`of`), by it
       -> (draft cache, pending taps [B, blk, k*D], pending count [B]): the draft context after
       the prefill, and what the first round still has to add to it; paging and table: the
       target cache's blocks (None: dense), which a cache of the context may share
-  draft(dparams, dcfg, tparams, tcfg, state, active, *, tree_spec, kernels)
+  draft(dparams, dcfg, tparams, tcfg, state, active, *, tree_spec, kernels, need_tree=None)
       -> (tree, draft cache): the round's tree after `state.anchor`, with the tokens
-      committed by the last round (`state.pending_*`) added to the context first
+      committed by the last round (`state.pending_*`) added to the context first;
+      need_tree, a traced bool, is False when the round will not use the tree (the context
+      chain takes its whole budget): a drafter may then skip drafting it
 
 The block head (`head.py`: causal = JetSpec, bidirectional = DFlash) is registered here;
 other heads register their config type with `register` (the lab's baselines do so when
@@ -20,9 +22,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import jax
 import jax.numpy as jnp
 
-from jetspec_jax.draft.tree import build_trees, topk_from_logits
+from jetspec_jax.draft.tree import build_trees, root_trees, topk_from_logits
 from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import DraftConfig
 from jetspec_jax.model.config import ModelConfig
@@ -46,7 +49,7 @@ class Drafter(Protocol):
               num_slots: int, cache_dtype, paging=None, table=None): ...
 
     def draft(self, dparams, dcfg, tparams, tcfg: ModelConfig, state, active, *, tree_spec,
-              kernels: Kernels): ...
+              kernels: Kernels, need_tree=None): ...
 
 
 class BlockDrafter:
@@ -64,18 +67,25 @@ class BlockDrafter:
 
     @staticmethod
     def draft(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, state, active, *,
-              tree_spec, kernels: Kernels):
+              tree_spec, kernels: Kernels, need_tree=None):
         cache = draft_head.extend_context(dparams, dcfg, state.draft_cache, state.pending_taps,
                                           jnp.where(active, state.pending_count, 0))
-        logits = draft_head.draft_block(dparams, dcfg, tparams, tcfg, cache, state.anchor,
-                                        depths=tree_spec.draft_depths(dcfg.depth),
-                                        kernels=kernels)
-        topk_lp, topk_tok = topk_from_logits(logits, tree_spec.draft_width)
-        if dcfg.draft_vocab is not None:  # columns of the draft vocabulary -> token ids
-            topk_tok = draft_head.vocab_ids(dcfg)[topk_tok]
-        tree = build_trees(state.anchor, topk_lp, topk_tok, budget=tree_spec.budget,
-                           method=tree_spec.method)
-        return tree, cache
+
+        def head_tree():
+            logits = draft_head.draft_block(dparams, dcfg, tparams, tcfg, cache, state.anchor,
+                                            depths=tree_spec.draft_depths(dcfg.depth),
+                                            kernels=kernels)
+            topk_lp, topk_tok = topk_from_logits(logits, tree_spec.draft_width)
+            if dcfg.draft_vocab is not None:  # columns of the draft vocabulary -> token ids
+                topk_tok = draft_head.vocab_ids(dcfg)[topk_tok]
+            return build_trees(state.anchor, topk_lp, topk_tok, budget=tree_spec.budget,
+                               method=tree_spec.method)
+
+        if need_tree is None:
+            return head_tree(), cache
+        # The head's forward and LM head are most of a small round's draft on the CPU.
+        empty = lambda: root_trees(state.anchor, tree_spec.budget)  # noqa: E731
+        return jax.lax.cond(need_tree, head_tree, empty), cache
 
 
 _DRAFTERS: dict[type, Drafter] = {DraftConfig: BlockDrafter()}

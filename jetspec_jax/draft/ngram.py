@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jetspec_jax.draft import drafter
-from jetspec_jax.draft.tree import DraftTree, ancestor_matrix
+from jetspec_jax.draft.tree import DraftTree, ancestor_matrix, root_trees
 
 MAX_N = 4  # the longest suffix looked up
 
@@ -106,24 +106,27 @@ def add_chain(tree: DraftTree, chain, count, max_depth: int) -> DraftTree:
     return jax.vmap(lambda t, c, k: _merge_one(t, c, k, max_depth))(tree, chain, count)
 
 
+def round_chain(state, max_len: int, max_depth: int, budget: int):
+    """The round's context chain (chain [B, L], count [B]) for trees of `budget` nodes and
+    `max_depth` depths, L = min(max_len, max_depth, budget - 1); None when L < 1."""
+    length = min(max_len, max_depth, budget - 1)
+    return lookup(*history(state), length) if length >= 1 else None
+
+
+def fills_tree(chain, count, budget: int, active) -> jax.Array | None:
+    """Whether every active row's chain takes all `budget` nodes but the root, leaving a
+    drafted tree no node (`add_chain` places the chain first): a traced bool, or None when a
+    chain of this length never can."""
+    if chain.shape[1] != budget - 1:
+        return None
+    return jnp.all((count >= budget - 1) | ~active)
+
+
 def context_chain(tree: DraftTree, state, max_len: int, max_depth: int) -> DraftTree:
     """The round's tree with the context chain of up to max_len tokens added (capped by the
     tree's size and depth)."""
-    length = min(max_len, max_depth, tree.tokens.shape[1] - 1)
-    if length < 1:
-        return tree
-    chain, count = lookup(*history(state), length)
-    return add_chain(tree, chain, count, max_depth)
-
-
-def root_trees(anchor, n: int) -> DraftTree:
-    """Trees of n nodes holding the root (anchor [B]) only."""
-    b, idx = anchor.shape[0], jnp.arange(n)
-    first = jnp.broadcast_to(idx == 0, (b, n))
-    return DraftTree(tokens=jnp.where(first, anchor[:, None], 0).astype(jnp.int32),
-                     parents=jnp.full((b, n), -1, jnp.int32), depths=jnp.zeros((b, n), jnp.int32),
-                     scores=jnp.where(first, 0.0, -jnp.inf).astype(jnp.float32), valid=first,
-                     ancestors=jnp.broadcast_to(jnp.eye(n, dtype=bool), (b, n, n)))
+    found = round_chain(state, max_len, max_depth, tree.tokens.shape[1])
+    return tree if found is None else add_chain(tree, *found, max_depth)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +164,8 @@ class NgramDrafter:
         return None, None, jnp.zeros((prompt.shape[0],), jnp.int32)
 
     @staticmethod
-    def draft(dparams, dcfg: NgramConfig, tparams, tcfg, state, active, *, tree_spec, kernels):
+    def draft(dparams, dcfg: NgramConfig, tparams, tcfg, state, active, *, tree_spec, kernels,
+              need_tree=None):
         if tree_spec.buckets:
             raise ValueError("the n-gram drafter's tree is its chain: a fixed budget only")
         trees = root_trees(state.anchor, min(tree_spec.budget, dcfg.block_size))

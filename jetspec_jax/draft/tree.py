@@ -266,6 +266,16 @@ def ancestor_matrix(parents, max_depth: int) -> jax.Array:
     return anc
 
 
+def root_trees(anchor, n: int) -> DraftTree:
+    """Trees of n nodes holding the root (anchor [B]) only."""
+    b, idx = anchor.shape[0], jnp.arange(n)
+    first = jnp.broadcast_to(idx == 0, (b, n))
+    return DraftTree(tokens=jnp.where(first, anchor[:, None], 0).astype(jnp.int32),
+                     parents=jnp.full((b, n), -1, jnp.int32), depths=jnp.zeros((b, n), jnp.int32),
+                     scores=jnp.where(first, 0.0, -jnp.inf).astype(jnp.float32), valid=first,
+                     ancestors=jnp.broadcast_to(jnp.eye(n, dtype=bool), (b, n, n)))
+
+
 # The method picks caps and the static arguments; one compile per their values and (D, K).
 _STATIC = ("budget", "pops", "fan", "loop")
 _grow_one = jax.jit(_grow, static_argnames=_STATIC)
