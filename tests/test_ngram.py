@@ -95,7 +95,8 @@ def test_merged_trees_are_valid_and_hold_the_chain(seed, budget, width, method, 
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**16), budget=st.sampled_from([2, 5, 9]), width=st.sampled_from([1, 3]))
+@given(seed=st.integers(0, 2**16), budget=st.sampled_from([2, 5, 9]),
+       width=st.sampled_from([1, 3]))
 def test_a_chain_that_fills_the_budget_leaves_the_drafted_tree_no_node(seed, budget, width):
     """What the round skips drafting when `fills_tree`: merged onto the head's tree or onto
     the root alone, a full chain gives the same tree (scores aside, which only adaptive

@@ -79,9 +79,9 @@ def speculative_round(tparams, tcfg: ModelConfig, dparams, dcfg: HeadConfig, sta
     if tree_spec.ngram:
         found = ngram.round_chain(state, tree_spec.ngram, dcfg.depth, tree_spec.budget)
     # A chain that takes the whole budget leaves the drafted tree no node: it need not be
-    # drafted (a fixed budget only: adaptive buckets read the tree's scores).
+    # drafted (chains come with a fixed budget only, so no bucket reads the tree's scores).
     full = None if found is None else ngram.fills_tree(*found, tree_spec.budget, active)
-    need_tree = None if full is None or tree_spec.buckets else ~full
+    need_tree = None if full is None else ~full
     tree, dcache = drafter.draft(dparams, dcfg, tparams, tcfg, state, active,
                                  tree_spec=tree_spec, kernels=kernels, need_tree=need_tree)
     if found is not None:
