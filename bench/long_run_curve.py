@@ -17,11 +17,15 @@ from pathlib import Path
 from bench.common.results_io import command_line, write_json
 
 
-def stretches(rows: list[dict]) -> list[list[dict]]:
-    """The log's rows cut where the training clock restarts: one list per stretch."""
+def stretches(rows: list[dict], starts: list[int]) -> list[list[dict]]:
+    """The log's rows, one list per stretch. A stretch begins after the step it started from
+    (`starts`: long_run.sh seeds each stretch's data with 1000 + that step) or where the
+    training clock restarts (a log that was not resumed)."""
     out: list[list[dict]] = []
     for r in rows:
-        if not out or r.get("time", 0.0) < out[-1][-1].get("time", 0.0):
+        new_stretch = (not out or r.get("time", 0.0) < out[-1][-1].get("time", 0.0)
+                       or any(out[-1][-1]["step"] <= s < r["step"] for s in starts))
+        if new_stretch:
             out.append([])
         out[-1].append(r)
     return out
@@ -32,12 +36,15 @@ def summary(state: Path) -> dict:
             if line.strip()]
     data = [json.loads(p.read_text()) for p in sorted(
         state.glob("data-seed*.json"), key=lambda p: int(p.stem.removeprefix("data-seed")))]
-    table, curve, minutes = [], [], 0.0
-    for i, part in enumerate(stretches(rows)):
+    starts = [d["settings"]["seed"] - 1000 for d in data]
+    table, curve, minutes, clock = [], [], 0.0, 0.0
+    for i, part in enumerate(stretches(rows, starts)):
         d = data[i] if i < len(data) else None
         g = d["generation"] if d else {}
         data_s = g.get("seconds", 0.0) + g.get("teacher_seconds", 0.0) + g.get(
             "compile_seconds", 0.0)
+        if part[0].get("time", 0.0) < clock:  # the clock restarted with this stretch
+            clock = 0.0
         timed = [r for r in part if "step_s" in r][3:]  # past compilation and warm-up
 
         def median(k):
@@ -48,14 +55,15 @@ def summary(state: Path) -> dict:
             data_seed=d and d["settings"]["seed"], sequences=d and d["num_seqs"],
             tokens=d and d["num_tokens"],
             generated_tokens=g.get("new_tokens"), generation_s=g.get("seconds"),
-            teacher_s=g.get("teacher_seconds"), train_s=round(part[-1]["time"], 1),
+            teacher_s=g.get("teacher_seconds"), train_s=round(part[-1]["time"] - clock, 1),
             step_s=median("step_s"), tok_s=median("tok_s"), mfu=median("mfu")))
         for r in part:
             if "eval" in r:
                 curve.append(dict(step=r["step"], gpu_minutes=round(
-                    minutes + (data_s + r["time"]) / 60, 2), tau=r["eval"].get("tau"),
+                    minutes + (data_s + r["time"] - clock) / 60, 2), tau=r["eval"].get("tau"),
                     kl=r["eval"]["kl"], acc=r["eval"]["acc"]))
-        minutes += (data_s + part[-1]["time"]) / 60
+        minutes += (data_s + part[-1]["time"] - clock) / 60
+        clock = part[-1]["time"]
     return dict(stretches=table, heldout=curve, gpu_minutes=round(minutes, 2))
 
 

@@ -108,3 +108,23 @@ def test_training_plot_takes_an_evaluation_off_the_log_interval(tmp_path, monkey
     monkeypatch.setattr(sys, "argv", ["plot_training", str(log), "--out", str(out)])
     plot_training.main()
     assert out.stat().st_size > 0
+
+
+def test_long_run_curve_splits_stretches_by_their_start_step(tmp_path):
+    """A resumed run's clock goes on across stretches: each stretch still gets its own rows,
+    data and training seconds, and the GPU minutes count every stretch's data generation."""
+    from bench.long_run_curve import summary
+    ev = {"tau": 3.0, "kl": [0.5], "acc": [0.7]}
+    rows = [{"step": 10, "time": 5.0, "step_s": 0.5}, {"step": 20, "time": 10.0, "eval": ev},
+            {"step": 30, "time": 70.0, "step_s": 0.5}, {"step": 40, "time": 130.0, "eval": ev}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for seed, seconds in ((1000, 60.0), (1020, 120.0)):  # stretches from steps 0 and 20
+        (tmp_path / f"data-seed{seed}.json").write_text(json.dumps({
+            "settings": {"seed": seed}, "num_seqs": 2, "num_tokens": 9,
+            "generation": {"seconds": seconds}}))
+    result = summary(tmp_path)
+    assert [s["logged_steps"] for s in result["stretches"]] == [[10, 20], [30, 40]]
+    assert [s["train_s"] for s in result["stretches"]] == [10.0, 120.0]
+    assert [p["gpu_minutes"] for p in result["heldout"]] == [round(70 / 60, 2),
+                                                             round(310 / 60, 2)]
+    assert result["gpu_minutes"] == round(310 / 60, 2)
