@@ -3,7 +3,8 @@
 Times `trainer.make_steps`' step, the one `train-draft` runs, side by side in one process on
 the same batches: the online teacher (the target's full distribution at every position), the
 stored top-K teacher (`train-data --teacher-top-k`), and that with draft vocabularies and
-larger batches. Per variant: seconds per step (median after warm-up), tokens/s, model FLOPs
+larger batches, each with every `--target-attention` of the frozen target's pass. Per
+variant: seconds per step (median after warm-up), tokens/s, model FLOPs
 (`throughput.step_flops`) over peak, and the draft vocabulary's share of the data's answer
 tokens (its coverage).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import re
 import time
 
@@ -71,6 +73,9 @@ def main(argv=None) -> None:
     p.add_argument("--anchor-chunk", type=int, nargs="+", default=[32])
     p.add_argument("--batch", type=int, nargs="+", default=[32])
     p.add_argument("--vocab", type=int, nargs="*", default=[], help="draft vocabulary sizes")
+    p.add_argument("--target-attention", nargs="+", default=["reference"], metavar="KERNELS",
+                   help="the frozen target's attention in the step, each timed (e.g. "
+                   "reference auto: XLA's, then the GPU kernels)")
     p.add_argument("--steps", type=int, default=8, help="timed steps per variant")
     p.add_argument("--no-online", action="store_true", help="skip the online-teacher baseline")
     p.add_argument("--peak-tflops", type=float, default=790.0)
@@ -96,31 +101,34 @@ def main(argv=None) -> None:
     variants += [(f"stored top-K, draft vocab {n}", n, True) for n in args.vocab]
     rows = []
     for batch in args.batch:
-        for chunk in args.anchor_chunk:
+        for chunk, attention in itertools.product(args.anchor_chunk, args.target_attention):
             for name, n, stored in variants:
                 if batch != args.batch[0] and not stored:
                     continue  # the online baseline at the first batch size only
                 cfg = TrainConfig(data_dir="-", out_dir="-", head_layers=args.head_layers,
                                   batch_size=batch, num_anchors=args.anchors, anchor_chunk=chunk,
-                                  gamma=3.0, depth1_weight=3.0, draft_vocab=n)
+                                  gamma=3.0, depth1_weight=3.0, draft_vocab=n,
+                                  target_attention=attention)
                 vocab = D.frequent_tokens(data, n, tcfg.vocab_size, eos) if n else None
-                tag = f"{re.sub(r'[^A-Za-z0-9]+', '_', name)}_{batch}_{chunk}"
+                tag = f"{re.sub(r'[^A-Za-z0-9]+', '_', name)}_{batch}_{chunk}_{attention}"
                 trace = args.profile and f"{args.profile}/{tag}"
                 dcfg, compile_s, step_s = time_variant(cfg, tparams, tcfg, data, vocab, stored,
                                                        args.steps, trace)
                 flops = step_flops(tcfg, dcfg, batch=batch, seq_len=seq_len, anchors=args.anchors,
                                    anchor_chunk=chunk, teacher="stored" if stored else "online")
                 rows.append({"variant": name, "batch": batch, "anchor_chunk": chunk,
+                             "target_attention": attention,
                              "draft_vocab": n, "coverage": D.vocab_coverage(data, vocab)
                              if vocab else 1.0, "compile_s": round(compile_s, 2),
                              "step_s": round(step_s, 4), "tok_s": round(batch * seq_len / step_s),
                              "mfu": round(flops["step"] / step_s / (args.peak_tflops * 1e12), 4)})
                 print(rows[-1], flush=True)
     base = rows[0]["tok_s"]
-    print(f"\n{'variant':<34} {'batch':>5} {'chunk':>5} {'cover':>6} {'step s':>7} "
-          f"{'tok/s':>8} {'x':>5} {'MFU':>5}")
+    print(f"\n{'variant':<34} {'batch':>5} {'chunk':>5} {'target attn':>11} {'cover':>6} "
+          f"{'step s':>7} {'tok/s':>8} {'x':>5} {'MFU':>5}")
     for r in rows:
-        print(f"{r['variant']:<34} {r['batch']:>5} {r['anchor_chunk']:>5} {r['coverage']:>6.4f} "
+        print(f"{r['variant']:<34} {r['batch']:>5} {r['anchor_chunk']:>5} "
+              f"{r['target_attention']:>11} {r['coverage']:>6.4f} "
               f"{r['step_s']:>7.3f} {r['tok_s']:>8,} {r['tok_s'] / base:>5.2f} {r['mfu']:>5.1%}")
     if args.out:
         write_json(args.out, {"command": command_line(), "backend": jax.default_backend(),

@@ -90,6 +90,24 @@ def test_training_forward_equals_inference(kind, causal, mask_id):
                                    rtol=1e-5)
 
 
+def test_target_pass_through_the_gpu_kernels_gives_the_same_taps():
+    """The step's frozen target pass takes its attention from `kernels` (the GPU kernels on a
+    GPU: `TrainConfig.target_attention`); the Pallas kernel alone, in interpret mode here, gives
+    the reference's hidden states and taps."""
+    from jetspec_jax.model.kernels import Kernels
+
+    tcfg, tp = tiny_target("dense", seed=4, vocab=16)
+    dcfg, _ = tiny_head(tcfg)
+    tokens = jax.random.randint(jax.random.key(2), (2, 24), 0, tcfg.vocab_size)
+    want = target_pass(tp, tcfg, tokens, dcfg.tap_layers)
+    got = target_pass(tp, tcfg, tokens, dcfg.tap_layers,
+                      Kernels(("portable",), interpret=True))  # no fallback
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="unknown attention kernel 'flash'"):
+        TrainConfig(data_dir="-", out_dir="-", target_attention="flash")
+
+
 def test_distill_loss_masks_and_weights():
     teacher = jax.random.normal(jax.random.key(0), (2, 3, 4, 8))
     loss, m = distill_loss(teacher, teacher, jnp.ones((2, 3, 4), bool))

@@ -19,16 +19,20 @@ from jetspec_jax.draft import head as draft_head
 from jetspec_jax.draft.head import DraftConfig, dense_attention
 from jetspec_jax.model import target
 from jetspec_jax.model.config import ModelConfig
-from jetspec_jax.model.layers import rms_norm
+from jetspec_jax.model.kernels import Kernels
+from jetspec_jax.model.layers import XLA, rms_norm
 
 
-def target_pass(tparams, tcfg: ModelConfig, tokens, tap_layers):
-    """Causal target forward over tokens [B, T] -> (final hidden [B, T, D], taps [B, T, k*D])."""
+def target_pass(tparams, tcfg: ModelConfig, tokens, tap_layers, kernels: Kernels = XLA):
+    """Causal target forward over tokens [B, T] -> (final hidden [B, T, D], taps [B, T, k*D]).
+    kernels: its attention and matmuls (`kernels.choose`); forward only, never differentiated
+    (the GPU kernels have no gradient)."""
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     cache = target.allocate_cache(tcfg, b, t, tparams["embed"].dtype)
     hidden, _, taps = target.forward(tparams, tcfg, tokens, positions, cache,
-                                     jnp.zeros((b,), jnp.int32), taps=tap_layers)
+                                     jnp.zeros((b,), jnp.int32), taps=tap_layers,
+                                     kernels=kernels)
     return hidden, taps
 
 

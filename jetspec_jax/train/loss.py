@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from jetspec_jax.draft.drafter import HeadConfig
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model import target
+from jetspec_jax.model.kernels import Kernels
+from jetspec_jax.model.layers import XLA
 from jetspec_jax.train import head_kinds
 from jetspec_jax.train.head_forward import sample_anchors, target_pass
 from jetspec_jax.train.teacher import top_k_teacher
@@ -156,7 +158,7 @@ def _anchor_slots(key, batch, num_anchors: int, depth: int):
 
 
 def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: HeadConfig, batch, key,
-                    num_anchors: int, top_k: int | None = None):
+                    num_anchors: int, top_k: int | None = None, kernels: Kernels = XLA):
     """The frozen target's part of a training step (no gradient flows into it), run online.
 
     batch: {"tokens" [B, T], "lengths" [B], "prompt_lengths" [B]}. -> dict with taps
@@ -165,8 +167,9 @@ def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: HeadConfig, batch, key,
     (float32), or with top_k its K most likely tokens at the anchors' slots, as
     `stored_teacher_outputs` gives them. logp is made once per position and gathered per anchor
     chunk in `head_loss`: the slots repeat each position about A*(blk-1)/T times (8x at 256
-    anchors over 448 tokens), and [B, A, blk-1, V] at once would dwarf the rest."""
-    hidden, taps = target_pass(tparams, tcfg, batch["tokens"], dcfg.tap_layers)
+    anchors over 448 tokens), and [B, A, blk-1, V] at once would dwarf the rest. kernels: the
+    target pass's (`head_forward.target_pass`)."""
+    hidden, taps = target_pass(tparams, tcfg, batch["tokens"], dcfg.tap_layers, kernels)
     logits = target.lm_head(tparams, tcfg, hidden)
     anchors, pos, valid = _anchor_slots(key, batch, num_anchors, dcfg.depth)
     out = {"taps": taps, "anchors": anchors, "pos": pos, "valid": valid}
@@ -179,18 +182,19 @@ def teacher_outputs(tparams, tcfg: ModelConfig, dcfg: HeadConfig, batch, key,
 
 
 def stored_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: HeadConfig, batch,
-                           key, num_anchors: int):
+                           key, num_anchors: int, kernels: Kernels = XLA):
     """`teacher_outputs` with a top-K teacher stored beside the tokens: batch also holds
     top_logp, top_ids [B, T, K] (`data.make_dataset(teacher_top_k=K)` or a feature cache,
     `features.py`) and, from a feature cache, taps [B, T, k*D]; without taps the target runs
     for them (no LM head, and XLA drops the layers after the last tapped one). The same key
     draws the same anchors. -> dict with taps (in the target's dtype), anchors, valid and the
-    teacher top_logp, top_ids [B, A, blk-1, K] at the anchors' slots."""
+    teacher top_logp, top_ids [B, A, blk-1, K] at the anchors' slots. kernels: as in
+    `teacher_outputs`."""
     anchors, pos, valid = _anchor_slots(key, batch, num_anchors, dcfg.depth)
     if "taps" in batch:
         taps = batch["taps"].astype(tparams["embed"].dtype)
     else:
-        taps = target_pass(tparams, tcfg, batch["tokens"], dcfg.tap_layers)[1]
+        taps = target_pass(tparams, tcfg, batch["tokens"], dcfg.tap_layers, kernels)[1]
     return jax.lax.stop_gradient({
         "taps": taps, "anchors": anchors, "valid": valid,
         "top_logp": at_positions(batch["top_logp"], pos),

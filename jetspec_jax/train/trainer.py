@@ -51,6 +51,8 @@ from jetspec_jax.io.checkpoints import read_info
 from jetspec_jax.io.heads import read_any_draft
 from jetspec_jax.io.shards import is_shard_export, read_shards
 from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.kernels import choose
+from jetspec_jax.options import ATTENTION_KERNELS, check_kernel_name
 from jetspec_jax.model.params import check_params, init_params, unflatten
 from jetspec_jax.train.head_kinds import HEADS
 from jetspec_jax.train.data import DatasetError, covering_size, frequent_tokens, load_shards
@@ -90,6 +92,9 @@ class TrainConfig:
     draft_vocab_coverage: float | None = None  # or the fewest ids covering this answer share
     teacher_top_k: int = 32  # an online teacher's K when the head has a draft vocabulary
     anchor_chunk: int | None = 32  # anchors per chunk of the loss (memory; must divide A)
+    # the frozen target's attention in each step (`kernels.choose`: "auto" takes the GPU's
+    # kernels there); bench.train_step times the choices
+    target_attention: str = "reference"
     seed: int = 0
     # resuming from a head's weights alone (no checkpoint in out_dir): a fresh optimizer,
     # re-warmed over warmup_steps, the schedule and the data order continued at start_step
@@ -129,6 +134,7 @@ class TrainConfig:
         if self.mesh is not None and self.batch_size % data_parallel(self.mesh):
             raise ValueError(f"batch_size {self.batch_size} must be a multiple of the "
                              f"{data_parallel(self.mesh)} devices of mesh {self.mesh!r}")
+        check_kernel_name("attention", self.target_attention, ("auto", *ATTENTION_KERNELS))
         if self.eval_feature_dir and not (self.feature_dir and self.eval_dir):
             raise ValueError("eval_feature_dir needs feature_dir and eval_dir")
         wants_vocab = self.draft_vocab is not None or self.draft_vocab_coverage is not None
@@ -219,26 +225,29 @@ def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: HeadConfig, tx,
     over "data", the gradients reduced across it, params and optimizer state replicated."""
     top_k = (min(cfg.teacher_top_k, tcfg.vocab_size)
              if getattr(dcfg, "draft_vocab", None) is not None else None)
+    kernels = choose(cfg.target_attention, sharded=cfg.mesh is not None)
 
-    def loss_and_metrics(dparams, tparams, batch, key):
+    def teacher(tparams, batch, key):  # outside the gradient: the target is frozen
         if stored:
-            teach = stored_teacher_outputs(tparams, tcfg, dcfg, batch, key, cfg.num_anchors)
-        else:
-            teach = teacher_outputs(tparams, tcfg, dcfg, batch, key, cfg.num_anchors, top_k)
+            return stored_teacher_outputs(tparams, tcfg, dcfg, batch, key, cfg.num_anchors,
+                                          kernels)
+        return teacher_outputs(tparams, tcfg, dcfg, batch, key, cfg.num_anchors, top_k, kernels)
+
+    def loss_and_metrics(dparams, tparams, batch, teach):
         return head_loss(dparams, dcfg, tparams, tcfg, batch["tokens"], teach, cfg.gamma,
                          depth1_weight=cfg.depth1_weight, anchor_chunk=cfg.anchor_chunk)
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def train_step(dparams, opt_state, tparams, batch, key):
         (loss, m), grads = jax.value_and_grad(loss_and_metrics, has_aux=True)(
-            dparams, tparams, batch, key)
+            dparams, tparams, batch, teacher(tparams, batch, key))
         updates, opt_state = tx.update(grads, opt_state, dparams)
         return (optax.apply_updates(dparams, updates), opt_state,
                 {"loss": loss, "grad_norm": optax.tree.norm(grads), **m})
 
     @jax.jit
     def eval_step(dparams, tparams, batch, key):
-        loss, m = loss_and_metrics(dparams, tparams, batch, key)
+        loss, m = loss_and_metrics(dparams, tparams, batch, teacher(tparams, batch, key))
         return {"loss": loss, **m}
 
     return train_step, eval_step
