@@ -15,8 +15,8 @@
 #   STEPS [40000]  BATCH [32]  LR [4e-4]  WARMUP [200]  PY [python3]
 #   DRAFT_VOCAB_COVERAGE [0.995] the share of the first stretch's answer tokens it covers
 #   STEP_BENCH_OUT [unset] a file: before training, time the step on this stretch's data
-#   (bench.train_step: online teacher, stored top-K, the run's draft vocabulary; batch 32;
-#   the target's attention by XLA and by the GPU kernels),
+#   (bench.train_step: the stored top-K teacher, with and without the run's draft vocabulary;
+#   batch 32; the target's attention by XLA and by the GPU kernels),
 #   and print each variant's busiest device ops from a traced step
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +53,8 @@ if [[ -n "${STEP_BENCH_OUT:-}" ]]; then  # a failed benchmark does not cost the 
 print(len(read_shards(sys.argv[1:])[1].get("draft_vocab") or []) or 16384)' "${parts[@]}" \
     2>/dev/null || echo 16384)
   $PY -m bench.train_step --data "$RUN/data" --vocab "$vocab" --batch 32 --steps 5 \
-    --target-attention reference auto --profile "$RUN/step-trace" --out "$STEP_BENCH_OUT" \
+    --no-online --target-attention reference auto --profile "$RUN/step-trace" \
+    --out "$STEP_BENCH_OUT" \
     || echo "warning: the step benchmark failed" >&2
 fi
 env "${common[@]}" "${start[@]}" STAGES=train INIT_HEAD="${init[*]}" STEPS="${STEPS:-40000}" \
