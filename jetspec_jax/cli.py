@@ -710,7 +710,8 @@ TRAIN_DEFAULTS = dict(head="jetspec", head_layers=5, block_size=16, num_taps=5, 
                       ckpt_every=200, log_every=10, eval_every=200, eval_batches=4,
                       tau_prompts=4, tau_max_new=64, tree_budget=64, start_step=None, seed=0,
                       lr=6e-4, gamma=7.0, depth1_weight=None, peak_flops=7.9e14,
-                      draft_vocab=None, draft_vocab_coverage=None, teacher_top_k=32)
+                      draft_vocab=None, draft_vocab_coverage=None, teacher_top_k=32,
+                      target_attention="reference")
 
 
 def _train_draft_parser(sub, heads: tuple[str, ...]) -> None:
@@ -766,6 +767,11 @@ def _train_draft_parser(sub, heads: tuple[str, ...]) -> None:
     p.add_argument("--teacher-top-k", type=positive_int, default=d.teacher_top_k, metavar="K",
                    help="with --draft-vocab and data made without --teacher-top-k: the online "
                    "teacher's K (default: %(default)s)")
+    p.add_argument("--target-attention", default=d.target_attention, metavar="KERNELS",
+                   help="the frozen target's attention in each step: reference (XLA), auto "
+                   "(the GPU kernels on a GPU) or kernel names as --attn-impl takes them; "
+                   "`python -m bench.train_step --target-attention reference auto` times "
+                   "them (default: %(default)s)")
     p.add_argument("--init-head", nargs="+", metavar="DIR_OR_FILES",
                    help="when OUT has no checkpoint: start from this head's weights (a head "
                    "directory, or the safetensors files of `convert --head --shard-mib`) with "
@@ -789,7 +795,8 @@ def _train_draft_parser(sub, heads: tuple[str, ...]) -> None:
 
 def check_train_draft(args) -> None:
     """The trainer's own checks (`TrainConfig`) run first in `run_train_draft`, before the
-    target loads; here the paths."""
+    target loads; here the paths and the kernel names."""
+    options.check_kernel_name("attention", args.target_attention, options.ATTN_IMPLS)
     for flag, path in (("--data", args.data), ("--eval-data", args.eval_data)):
         if path is not None and not Path(path).is_dir():
             raise FileNotFoundError(f"{flag} {path}: no such directory (train-data's output)")

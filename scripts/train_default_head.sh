@@ -22,7 +22,7 @@
 #   DRAFT_VOCAB_COVERAGE [none] the share of answer tokens they must cover (e.g. 0.995)
 #   EVAL_EVERY [600]  TAU_PROMPTS [64]  TAU_MAX_NEW [64]  TAU_BUDGET [64]  CKPT_EVERY [300]
 #   DTYPE [bfloat16]  HEAD [jetspec | dflash | eagle (the lab's: `python -m lab`)]
-#   MESH [none, e.g. data=2]
+#   MESH [none, e.g. data=2]  TARGET_ATTENTION [reference] the target's attention in a step
 #   TIME_LIMIT [minutes of training, none] or DEADLINE [unix time training must end by]
 #   INIT_HEAD [none] head directory or files (globs expand)  START_STEP [the files' step]
 #   EXPORT [RUN/HEAD-export]  EXPORT_DTYPE [bfloat16]  SHARD_MIB [15]
@@ -59,6 +59,7 @@ if has train; then
   [[ -n "${DRAFT_VOCAB_COVERAGE:-}" ]] && extra+=(--draft-vocab-coverage "$DRAFT_VOCAB_COVERAGE")
   [[ "${NORM_FROM_TARGET:-0}" == 1 ]] && extra+=(--norm-from-target)
   [[ -n "${MESH:-}" ]] && extra+=(--mesh "$MESH")
+  [[ -n "${TARGET_ATTENTION:-}" ]] && extra+=(--target-attention "$TARGET_ATTENTION")
   if [[ -n "${INIT_HEAD:-}" ]]; then
     # shellcheck disable=SC2206  # globs in INIT_HEAD expand to the head's files
     init=(${INIT_HEAD})

@@ -132,9 +132,12 @@ def test_bad_output_paths(capsys, tmp_path):
         capsys, "train-data", "--out", tmp_path / "d", "--samples", -1)
 
 
-def test_unknown_attn_impl(capsys):
+def test_unknown_attn_impl(capsys, tmp_path):
     assert "unknown attention kernel 'x'; choose from auto, reference, portable" in \
         one_line_error(capsys, "generate", "--attn-impl", "x", "--draft", HEAD)
+    assert "unknown attention kernel 'x'" in one_line_error(
+        capsys, "train-draft", "--data", tmp_path, "--out", tmp_path / "run",
+        "--target-attention", "x")
 
 
 def test_checks_run_before_jax_is_imported(tmp_path):
