@@ -8,9 +8,13 @@ variant: seconds per step (median after warm-up), tokens/s, model FLOPs
 (`throughput.step_flops`) over peak, and the draft vocabulary's share of the data's answer
 tokens (its coverage).
 
-    python -m bench.train_step --data runs/data --head checkpoints/smollm2-135m-jetspec \
-        --vocab 4096 8192 16384 --batch 32 64 --out bench/results/training/step_h200.json
+    python -m bench.train_step --data runs/data --vocab 4096 8192 16384 --batch 32 64 \
+        --out bench/results/training/step_h200.json
+    python -m bench.train_step --synthetic 1024 --vocab 16384 --target-attention reference auto
     python -m bench.train_step --tiny          # a random tiny target, on the CPU (the tests)
+
+--synthetic needs neither the model's weights nor a data set (random ones at its shapes): a
+step's work follows the shapes, not the values.
 """
 
 from __future__ import annotations
@@ -80,6 +84,9 @@ def main(argv=None) -> None:
     p.add_argument("--no-online", action="store_true", help="skip the online-teacher baseline")
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--tiny", action="store_true", help="a random tiny target and data (CPU)")
+    p.add_argument("--synthetic", type=int, metavar="SEQ_LEN",
+                   help="no data set: --model's preset with random weights, 64 random "
+                   "sequences of SEQ_LEN tokens and a random top-32 (speed only)")
     p.add_argument("--profile", metavar="DIR", help="trace a step of each variant under DIR "
                    "and print where its device time went")
     p.add_argument("--out")
@@ -87,6 +94,8 @@ def main(argv=None) -> None:
     if args.tiny:
         tparams, tcfg, data = _tiny_data()
         args.anchors, args.head_layers = 4, 1
+    elif args.synthetic:
+        tparams, tcfg, data = _synthetic_data(args.model, args.dtype, args.synthetic)
     else:
         from jetspec_jax import api
 
@@ -151,6 +160,25 @@ def _tiny_data():
     data = {"tokens": tokens, "lengths": lengths, "prompt_lengths": np.full(16, 4, np.int32)}
     return tparams, tcfg, data | label_top_k(tparams, tcfg, tokens, lengths, 8, batch_tokens=64,
                                                bucket=8)
+
+
+def _synthetic_data(model: str, dtype: str, seq_len: int, n: int = 64, top_k: int = 32):
+    """A preset target with random weights and n random sequences (prompts a quarter of
+    seq_len, lengths from half of it up) with a random top-K teacher: times a step at a real
+    model's shapes without its weights or a data set."""
+    from jetspec_jax.model.config import preset
+    from jetspec_jax.model.params import init_params, target_specs
+
+    tcfg = preset(model)
+    tparams = init_params(target_specs(tcfg), jax.random.key(0), jnp.dtype(dtype))
+    rng = np.random.default_rng(0)
+    probs = np.sort(rng.dirichlet(np.ones(top_k + 1), (n, seq_len))[..., :top_k], axis=-1)
+    return tparams, tcfg, {
+        "tokens": rng.integers(2, tcfg.vocab_size, (n, seq_len)).astype(np.int32),
+        "lengths": rng.integers(seq_len // 2, seq_len + 1, n).astype(np.int32),
+        "prompt_lengths": np.full(n, seq_len // 4, np.int32),
+        "top_logp": np.log(probs[..., ::-1]).astype(np.float16),
+        "top_ids": rng.integers(0, tcfg.vocab_size, (n, seq_len, top_k)).astype(np.int32)}
 
 
 if __name__ == "__main__":

@@ -128,3 +128,18 @@ def test_long_run_curve_splits_stretches_by_their_start_step(tmp_path):
     assert [p["gpu_minutes"] for p in result["heldout"]] == [round(70 / 60, 2),
                                                              round(310 / 60, 2)]
     assert result["gpu_minutes"] == round(310 / 60, 2)
+
+
+def test_train_step_times_each_target_attention_without_a_data_set(tmp_path):
+    """bench.train_step --synthetic: a preset's shapes with random weights and sequences, each
+    teacher variant timed per --target-attention, one row each in the result file."""
+    from bench import train_step
+    out = tmp_path / "step.json"
+    train_step.main(["--synthetic", "32", "--model", "tiny-dense", "--batch", "2", "--anchors",
+                     "4", "--anchor-chunk", "4", "--head-layers", "1", "--steps", "1",
+                     "--vocab", "16", "--no-online", "--target-attention", "reference", "auto",
+                     "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["target_attention"], r["draft_vocab"]) for r in rows] == [
+        ("reference", None), ("reference", 16), ("auto", None), ("auto", 16)]
+    assert all(r["step_s"] > 0 and 0 < r["coverage"] <= 1 for r in rows)
