@@ -795,8 +795,7 @@ def _train_draft_parser(sub, heads: tuple[str, ...]) -> None:
 
 def check_train_draft(args) -> None:
     """The trainer's own checks (`TrainConfig`) run first in `run_train_draft`, before the
-    target loads; here the paths and the kernel names."""
-    options.check_kernel_name("attention", args.target_attention, options.ATTN_IMPLS)
+    target loads; here the paths."""
     for flag, path in (("--data", args.data), ("--eval-data", args.eval_data)):
         if path is not None and not Path(path).is_dir():
             raise FileNotFoundError(f"{flag} {path}: no such directory (train-data's output)")

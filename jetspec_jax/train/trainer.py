@@ -52,8 +52,8 @@ from jetspec_jax.io.heads import read_any_draft
 from jetspec_jax.io.shards import is_shard_export, read_shards
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.kernels import choose
-from jetspec_jax.options import ATTENTION_KERNELS, check_kernel_name
 from jetspec_jax.model.params import check_params, init_params, unflatten
+from jetspec_jax.options import ATTN_IMPLS, check_kernel_name
 from jetspec_jax.train.head_kinds import HEADS
 from jetspec_jax.train.data import DatasetError, covering_size, frequent_tokens, load_shards
 from jetspec_jax.train.features import load_features
@@ -134,7 +134,7 @@ class TrainConfig:
         if self.mesh is not None and self.batch_size % data_parallel(self.mesh):
             raise ValueError(f"batch_size {self.batch_size} must be a multiple of the "
                              f"{data_parallel(self.mesh)} devices of mesh {self.mesh!r}")
-        check_kernel_name("attention", self.target_attention, ("auto", *ATTENTION_KERNELS))
+        check_kernel_name("attention", self.target_attention, ATTN_IMPLS)
         if self.eval_feature_dir and not (self.feature_dir and self.eval_dir):
             raise ValueError("eval_feature_dir needs feature_dir and eval_dir")
         wants_vocab = self.draft_vocab is not None or self.draft_vocab_coverage is not None
