@@ -4,7 +4,7 @@ model-FLOP utilisation), and held-out tau and KL per depth against the GPU minut
 far (data generation included), from the run's state folder.
 
   python -m bench.long_run_curve checkpoints/smollm2-135m-jetspec-run \
-      --out bench/results/training/long_run_smollm2_h200.json --plot docs/img/long_run.png
+      --out bench/results/training/long_run_smollm2.json --plot docs/img/long_run.png
 """
 
 from __future__ import annotations

@@ -94,7 +94,9 @@ def eagle_logits(eparams, ecfg: EagleConfig, tparams, tcfg: ModelConfig, taps, t
         b, a, ecfg.depth, -1)
 
 
-def _training_logits(eparams, ecfg: EagleConfig, tparams, tcfg: ModelConfig, taps, tokens):
+def _training_logits(eparams, ecfg: EagleConfig, tparams, tcfg: ModelConfig, taps, tokens,
+                     attention):  # always "reference": TrainConfig refuses others for EAGLE
+    del attention
     return lambda anchors: eagle_logits(eparams, ecfg, tparams, tcfg, taps, tokens, anchors)
 
 

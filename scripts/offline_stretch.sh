@@ -8,9 +8,9 @@
 #   bash scripts/offline_stretch.sh collect OUTDIR    # the new state, the logs (8 files)
 # launch copies the checkout to $JC/repo and starts the stretch there detached (setsid),
 # so it outlives the command; its log is $JC/stretch.log. STEP_BENCH=1 first times the
-# training step on the stretch's data (bench.train_step: the stored top-K, with and without
-# the run's draft vocabulary, the target's attention by XLA and by the GPU kernels; batch 32;
-# each variant's busiest ops in the log) into $JC/train_step.json.
+# training step on the stretch's data (bench.train_step: the run's draft vocabulary, batch 32,
+# the head in float32 and bfloat16, its attention by XLA and by cuDNN; each variant's busiest
+# ops in the log) into $JC/train_step.json, and the stretch trains with the fastest.
 # Settings: JC [$HOME/jc], DEADLINE (launch: the unix time by which training must end), and
 # long_run.sh's own (SEQS, BATCH, ...).
 set -euo pipefail

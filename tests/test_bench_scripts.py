@@ -130,16 +130,47 @@ def test_long_run_curve_splits_stretches_by_their_start_step(tmp_path):
     assert result["gpu_minutes"] == round(310 / 60, 2)
 
 
-def test_train_step_times_each_target_attention_without_a_data_set(tmp_path):
+def test_the_head_setting_picked_is_the_fastest_by_a_margin(tmp_path, capsys):
+    """`train_step --pick` (what a long-run stretch trains with): the fastest row's head dtype
+    and attention when at least 3% faster than float32 with XLA's attention, else those; a row
+    that failed is never picked."""
+    from bench.train_step import main, pick_head_setting
+
+    def row(dtype, attention, step_s=None):
+        r = {"variant": "v", "batch": 32, "anchor_chunk": 32, "target_attention": "auto",
+             "head_dtype": dtype, "head_attention": attention}
+        return r | ({"step_s": step_s} if step_s else {"error": "ValueError: needs a GPU"})
+
+    base = row("float32", "reference", 1.0)
+    assert pick_head_setting([base, row("bfloat16", "reference", 0.9),
+                              row("bfloat16", "cudnn")]) == ("bfloat16", "reference")
+    assert pick_head_setting([base, row("bfloat16", "cudnn", 0.98)]) == ("float32", "reference")
+    assert pick_head_setting([row("float32", "reference"), row("float32", "cudnn", 0.5)]) == (
+        "float32", "cudnn")
+    assert pick_head_setting([row("bfloat16", "cudnn")]) == ("float32", "reference")
+    result = tmp_path / "step.json"
+    result.write_text(json.dumps({"rows": [base, row("float32", "cudnn", 0.7)]}))
+    main(["--pick", str(result)])
+    assert capsys.readouterr().out == "float32 cudnn\n"
+
+
+def test_train_step_times_each_head_setting_without_a_data_set(tmp_path):
     """bench.train_step --synthetic: a preset's shapes with random weights and sequences, each
-    teacher variant timed per --target-attention, one row each in the result file."""
+    vocabulary timed per --head-dtype and --head-attention, one row each in the result file; a
+    variant this machine cannot run (cuDNN's attention without a GPU) is a row with its error,
+    and the others still run."""
     from bench import train_step
     out = tmp_path / "step.json"
     train_step.main(["--synthetic", "32", "--model", "tiny-dense", "--batch", "2", "--anchors",
                      "4", "--anchor-chunk", "4", "--head-layers", "1", "--steps", "1",
-                     "--vocab", "16", "--no-online", "--target-attention", "reference", "auto",
-                     "--out", str(out)])
+                     "--vocab", "0", "16", "--no-online", "--head-dtype", "float32", "bfloat16",
+                     "--head-attention", "reference", "cudnn", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["target_attention"], r["draft_vocab"]) for r in rows] == [
-        ("reference", None), ("reference", 16), ("auto", None), ("auto", 16)]
-    assert all(r["step_s"] > 0 and 0 < r["coverage"] <= 1 for r in rows)
+    assert [(r["head_dtype"], r["head_attention"], r["draft_vocab"]) for r in rows] == [
+        (dt, attn, n) for dt in ("float32", "bfloat16") for attn in ("reference", "cudnn")
+        for n in (None, 16)]
+    for r in rows:
+        if r["head_attention"] == "cudnn":
+            assert "needs a GPU" in r["error"] and "step_s" not in r
+        else:
+            assert r["step_s"] > 0 and 0 < r["coverage"] <= 1

@@ -108,6 +108,60 @@ def test_target_pass_through_the_gpu_kernels_gives_the_same_taps():
         TrainConfig(data_dir="-", out_dir="-", target_attention="flash")
 
 
+def test_fused_attention_sees_what_the_dense_mask_shows():
+    """`TrainConfig.head_attention` "cudnn" hands q, k, v and the blocks' visibility to one
+    fused attention call; through XLA here, its output and gradients equal the dense float32
+    attention's to bfloat16 precision (grouped KV heads, causal blocks after the context)."""
+    from jetspec_jax.train.head_forward import block_visibility, fused_attention
+
+    dcfg = dataclasses.replace(tiny_head(tiny_target("dense", seed=2, vocab=16)[0])[0],
+                               block_size=4)
+    anchors = jnp.array([[3, 11], [7, 1]], jnp.int32)
+    visible = block_visibility(dcfg, anchors, 16)  # [2, 8, 16 + 8]
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(kq, (2, 8, 4, 16))
+    k, v = (jax.random.normal(key, (2, 24, 2, 16)) for key in (kk, kv))
+
+    def loss(fn, q, k, v):
+        return jnp.sum(jnp.sin(fn(q, k, v, visible)))
+
+    dense = draft_head.dense_attention
+    fused = functools.partial(fused_attention, implementation="xla")
+    np.testing.assert_allclose(fused(q, k, v, visible), dense(q, k, v, visible), atol=3e-2)
+    for g, w in zip(jax.grad(functools.partial(loss, fused), (0, 1, 2))(q, k, v),
+                    jax.grad(functools.partial(loss, dense), (0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(g, w, atol=5e-2)
+
+
+def test_head_in_bfloat16_trains_float32_weights(tiny, dataset):
+    """TrainConfig.head_dtype "bfloat16": the step computes the head in bfloat16, its loss
+    within bfloat16's reach of float32's on the same batch, and keeps float32 weights; the
+    GPU-only head attention and unknown settings are refused by name."""
+    from jetspec_jax.train.trainer import make_optimizer, make_steps
+
+    tcfg, tp = tiny
+    batch = {k: jnp.asarray(v[:4]) for k, v in D.load_shards(dataset / "train").items()}
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = train_config(dataset, ".", head_dtype=dtype)
+        dcfg = cfg.draft_config(tcfg)
+        tx = make_optimizer(cfg)[0]
+        dp = init_params(draft_specs(dcfg), jax.random.key(0))
+        train_step, eval_step = make_steps(cfg, tcfg, dcfg, tx)
+        losses[dtype] = float(eval_step(dp, tp, batch, jax.random.key(1))["loss"])
+        dp, _, m = train_step(dp, tx.init(dp), tp, batch, jax.random.key(1))
+        assert {p.dtype for p in jax.tree.leaves(dp)} == {jnp.dtype(jnp.float32)}
+        assert np.isfinite(float(m["loss"]))
+    assert losses["bfloat16"] != losses["float32"]  # the head did run in bfloat16
+    np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=3e-2)
+    with pytest.raises(ValueError, match="head_attention 'cudnn' needs a GPU"):
+        make_steps(train_config(dataset, ".", head_attention="cudnn"), tcfg, dcfg, tx)
+    with pytest.raises(ValueError, match="head_dtype must be one of"):
+        train_config(dataset, ".", head_dtype="float16")
+    with pytest.raises(ValueError, match="head_attention must be one of"):
+        train_config(dataset, ".", head_attention="flash")
+
+
 def test_distill_loss_masks_and_weights():
     teacher = jax.random.normal(jax.random.key(0), (2, 3, 4, 8))
     loss, m = distill_loss(teacher, teacher, jnp.ones((2, 3, 4), bool))

@@ -6,8 +6,8 @@ a..a+blk-1. Here the frozen target runs once over whole sequences [B, T]; the co
 every position is built once per layer (with `draft_head.extend_context`, so it is the
 inference code) and A blocks per sequence attend to it under a dense mask: block slots of
 anchor a see context positions < a and the slots of their own block (causal or bidirectional
-as `dcfg.causal`), never another block. Plain jnp, for training and tests; the inference path
-keeps the cached kernels.
+as `dcfg.causal`), never another block. Plain jnp (or, on a GPU, cuDNN's fused attention),
+for training and tests; the inference path keeps the cached kernels.
 """
 
 from __future__ import annotations
@@ -69,15 +69,28 @@ def head_context(dparams, dcfg: DraftConfig, taps):
         jnp.full((b,), t, jnp.int32))
 
 
+def fused_attention(q, k, v, visible, implementation: str = "cudnn"):
+    """`dense_attention`'s result from one fused kernel (cuDNN's flash attention on a GPU: no
+    [queries x keys] scores written, forward or backward) over bfloat16 q, k, v, returned in
+    q.dtype. implementation "xla" is the same call through XLA (the CPU tests' check of the
+    layout and the mask)."""
+    bf16 = jnp.bfloat16
+    out = jax.nn.dot_product_attention(q.astype(bf16), k.astype(bf16), v.astype(bf16),
+                                       mask=visible[:, None], implementation=implementation)
+    return out.astype(q.dtype)
+
+
 def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, tokens, anchors,
-                *, ctx=None):
+                *, ctx=None, attention: str = "reference"):
     """Draft logits [B, A, blk-1, V'] (float32; V' the draft vocabulary's size, if the head
     has one) of the blocks anchored at anchors [B, A].
 
     taps [B, T, k*D] are the target's tapped features of tokens [B, T]; slot d of the block
     at anchor a drafts the token at position a + d, exactly as `draft_block` would after
     `extend_context` with the taps of positions 0..a-1. ctx: `head_context(taps)`, when
-    already made (chunks of anchors share it)."""
+    already made (chunks of anchors share it). attention: one of `options.HEAD_ATTENTION`, the
+    blocks' attention: "reference" (`dense_attention`, float32 softmax) or "cudnn"
+    (`fused_attention`, a GPU's)."""
     cfg = dcfg.layers
     b, t = tokens.shape
     a = anchors.shape[1]
@@ -92,6 +105,8 @@ def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, to
         def attend(q, k, v, kc=kc, vc=vc):  # the block's own K/V after the context's
             k = jnp.concatenate([kc.transpose(0, 2, 1, 3).astype(k.dtype), k], axis=1)
             v = jnp.concatenate([vc.transpose(0, 2, 1, 3).astype(v.dtype), v], axis=1)
+            if attention == "cudnn":
+                return fused_attention(q, k, v, visible), None
             return dense_attention(q, k, v, visible), None
 
         x, _ = draft_head.draft_layer(p, cfg, x, positions, attend)

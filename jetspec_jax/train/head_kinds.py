@@ -21,8 +21,9 @@ class HeadKind:
     checkpoint_kind: str  # the `kind` its checkpoints record
     make_config: Callable  # (TrainConfig, target ModelConfig) -> config
     specs: Callable  # config -> param specs
-    # (dparams, dcfg, tparams, tcfg, taps [B, T, k*D], tokens [B, T]) -> a function of anchors
-    # [B, A] giving draft logits [B, A, depth, V] (chunks of anchors share what it made once)
+    # (dparams, dcfg, tparams, tcfg, taps [B, T, k*D], tokens [B, T], attention) -> a function
+    # of anchors [B, A] giving draft logits [B, A, depth, V] (chunks of anchors share what it
+    # made once); attention: TrainConfig.head_attention (block heads only take "cudnn")
     training_logits: Callable
     save: Callable  # (path, params, dcfg, *, metadata, overwrite, max_bytes=None) -> Path
     load: Callable  # path -> (dcfg, params)
@@ -59,10 +60,10 @@ def _block_config(cfg, tcfg, *, causal: bool) -> DraftConfig:
     return dcfg
 
 
-def _block_logits(dparams, dcfg, tparams, tcfg, taps, tokens):
+def _block_logits(dparams, dcfg, tparams, tcfg, taps, tokens, attention):
     ctx = head_context(dparams, dcfg, taps)  # the context K/V, made once for every chunk
     return lambda anchors: head_logits(dparams, dcfg, tparams, tcfg, taps, tokens, anchors,
-                                       ctx=ctx)
+                                       ctx=ctx, attention=attention)
 
 
 for _name, _causal in (("jetspec", True), ("dflash", False)):

@@ -203,15 +203,16 @@ def stored_teacher_outputs(tparams, tcfg: ModelConfig, dcfg: HeadConfig, batch,
 
 def head_loss(dparams, dcfg: HeadConfig, tparams, tcfg: ModelConfig, tokens, teach,
               gamma: float | None = None, *, depth1_weight: float | None = None,
-              anchor_chunk: int | None = None):
+              anchor_chunk: int | None = None, attention: str = "reference"):
     """Loss and metrics of the head (of any kind, `head_kinds.of_config`) on the anchors
     chosen in `teacher_outputs` (full teacher logits, or top-K) or `stored_teacher_outputs`
     (top-K).
 
-    anchor_chunk: anchors per chunk (`map_anchor_chunks`; must divide A); None: all at once."""
+    anchor_chunk: anchors per chunk (`map_anchor_chunks`; must divide A); None: all at once.
+    attention: the head's attention (`options.HEAD_ATTENTION`)."""
     anchors, valid = teach["anchors"], teach["valid"]
     logits = head_kinds.of_config(dcfg).training_logits(dparams, dcfg, tparams, tcfg,
-                                                         teach["taps"], tokens)
+                                                         teach["taps"], tokens, attention)
     if "logp" in teach:
         if getattr(dcfg, "draft_vocab", None) is not None:
             raise ValueError("a head with a draft vocabulary trains on a top-K teacher: "
