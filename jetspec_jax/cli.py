@@ -817,13 +817,14 @@ def run_train_draft(args) -> None:
     import dataclasses
 
     from jetspec_jax import api
-    from jetspec_jax.train.trainer import TrainConfig, train
+    from jetspec_jax.train.trainer import TrainConfig, check_devices, train
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields}
     values["init_head"] = tuple(args.init_head) if args.init_head else None
     cfg = TrainConfig(data_dir=args.data, eval_dir=args.eval_data, out_dir=args.out,
                       peak_flops=args.peak_tflops * 1e12, **values)
+    check_devices(cfg)
     target = api.load_target(args.model, dtype=args.dtype)
     limit = args.time_limit * 60 if args.time_limit else None
     result = train(cfg, target.params, target.cfg, time_limit=limit)

@@ -138,6 +138,9 @@ def test_unknown_attn_impl(capsys, tmp_path):
     assert "unknown attention kernel 'x'" in one_line_error(
         capsys, "train-draft", "--data", tmp_path, "--out", tmp_path / "run",
         "--target-attention", "x")
+    assert "head_attention 'cudnn' needs a GPU" in one_line_error(  # before the target loads
+        capsys, "train-draft", "--data", tmp_path, "--out", tmp_path / "run",
+        "--head-attention", "cudnn")
 
 
 def test_checks_run_before_jax_is_imported(tmp_path):

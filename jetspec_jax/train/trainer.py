@@ -226,6 +226,15 @@ def make_optimizer(cfg: TrainConfig, offset: int = 0):
     return tx, schedule
 
 
+def check_devices(cfg: TrainConfig) -> None:
+    """Raises ValueError, naming the setting, when cfg needs a device this machine lacks (the
+    CLI calls it before loading anything)."""
+    backend = jax.default_backend()
+    if cfg.head_attention == "cudnn" and backend != "gpu":
+        raise ValueError(f"head_attention 'cudnn' needs a GPU; this machine has only "
+                         f"{backend.upper()} devices; use reference")
+
+
 def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: HeadConfig, tx,
                stored: bool = False):
     """Jitted (train_step, eval_step); only dparams is differentiated. stored: batches carry
@@ -236,9 +245,7 @@ def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: HeadConfig, tx,
     top_k = (min(cfg.teacher_top_k, tcfg.vocab_size)
              if getattr(dcfg, "draft_vocab", None) is not None else None)
     kernels = choose(cfg.target_attention, sharded=cfg.mesh is not None)
-    if cfg.head_attention == "cudnn" and jax.default_backend() != "gpu":
-        raise ValueError(f"head_attention 'cudnn' needs a GPU; this machine has only "
-                         f"{jax.default_backend().upper()} devices; use reference")
+    check_devices(cfg)
     compute = jnp.dtype(cfg.head_dtype)
 
     def teacher(tparams, batch, key):  # outside the gradient: the target is frozen
