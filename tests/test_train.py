@@ -149,9 +149,9 @@ def test_head_in_bfloat16_trains_float32_weights(tiny, dataset):
         dp = init_params(draft_specs(dcfg), jax.random.key(0))
         train_step, eval_step = make_steps(cfg, tcfg, dcfg, tx)
         losses[dtype] = float(eval_step(dp, tp, batch, jax.random.key(1))["loss"])
-        dp, _, m = train_step(dp, tx.init(dp), tp, batch, jax.random.key(1))
-        assert {p.dtype for p in jax.tree.leaves(dp)} == {jnp.dtype(jnp.float32)}
-        assert np.isfinite(float(m["loss"]))
+    dp, _, m = train_step(dp, tx.init(dp), tp, batch, jax.random.key(1))  # the bfloat16 step
+    assert {p.dtype for p in jax.tree.leaves(dp)} == {jnp.dtype(jnp.float32)}
+    assert np.isfinite(float(m["loss"]))
     assert losses["bfloat16"] != losses["float32"]  # the head did run in bfloat16
     np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=3e-2)
     with pytest.raises(ValueError, match="head_attention 'cudnn' needs a GPU"):
