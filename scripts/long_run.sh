@@ -19,8 +19,8 @@
 #   head in float32 and bfloat16, its attention by XLA and by cuDNN) and print each variant's
 #   busiest device ops from a traced step; the stretch then trains with the fastest head
 #   setting if it ran at least 3% faster than float32 with XLA's attention
-#   TARGET_ATTENTION [auto] the target's attention
-#   HEAD_DTYPE, HEAD_ATTENTION [float32, reference; or the step benchmark's pick] the head's
+#   TARGET_ATTENTION, HEAD_DTYPE, HEAD_ATTENTION [train-draft's defaults, or the head's two
+#   as the step benchmark picked them] the target's attention, the head's dtype and attention
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${STATE:-checkpoints/smollm2-135m-jetspec-run}
@@ -70,8 +70,8 @@ env "${common[@]}" "${start[@]}" STAGES=train INIT_HEAD="${init[*]}" STEPS="${ST
   ANCHORS=256 ANCHOR_CHUNK=32 DRAFT_VOCAB_COVERAGE="${DRAFT_VOCAB_COVERAGE:-0.995}" \
   EVAL_EVERY=1000 \
   TAU_PROMPTS=64 TAU_MAX_NEW=512 CKPT_EVERY=500 DEADLINE="$DEADLINE" \
-  TARGET_ATTENTION="${TARGET_ATTENTION:-auto}" HEAD_DTYPE="${HEAD_DTYPE:-float32}" \
-  HEAD_ATTENTION="${HEAD_ATTENTION:-reference}" \
+  TARGET_ATTENTION="${TARGET_ATTENTION:-}" HEAD_DTYPE="${HEAD_DTYPE:-}" \
+  HEAD_ATTENTION="${HEAD_ATTENTION:-}" \
   bash scripts/train_default_head.sh
 rm -rf "$RUN/export"
 env "${common[@]}" STAGES=export EXPORT="$RUN/export" EXPORT_DTYPE=float32 SHARD_MIB=15 \

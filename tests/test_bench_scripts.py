@@ -156,18 +156,20 @@ def test_the_head_setting_picked_is_the_fastest_by_a_margin(tmp_path, capsys):
 
 def test_train_step_times_each_head_setting_without_a_data_set(tmp_path):
     """bench.train_step --synthetic: a preset's shapes with random weights and sequences, the
-    step timed per --head-dtype and --head-attention, one row each in the result file; a
+    step timed per --target-attention and --head-attention, one row each in the result file; a
     variant this machine cannot run (cuDNN's attention without a GPU) is a row with its error,
     and the others still run."""
     from bench import train_step
     out = tmp_path / "step.json"
     train_step.main(["--synthetic", "32", "--model", "tiny-dense", "--batch", "2", "--anchors",
                      "4", "--anchor-chunk", "4", "--head-layers", "1", "--steps", "1",
-                     "--vocab", "16", "--no-online", "--head-dtype", "float32", "bfloat16",
-                     "--head-attention", "reference", "cudnn", "--out", str(out)])
+                     "--vocab", "16", "--no-online", "--target-attention", "reference", "auto",
+                     "--head-dtype", "bfloat16", "--head-attention", "reference", "cudnn",
+                     "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["head_dtype"], r["head_attention"], r["draft_vocab"]) for r in rows] == [
-        (dt, attn, 16) for dt in ("float32", "bfloat16") for attn in ("reference", "cudnn")]
+    assert [(r["target_attention"], r["head_dtype"], r["head_attention"], r["draft_vocab"])
+            for r in rows] == [(target, "bfloat16", attn, 16) for target in ("reference", "auto")
+                               for attn in ("reference", "cudnn")]
     for r in rows:
         if r["head_attention"] == "cudnn":
             assert "needs a GPU" in r["error"] and "step_s" not in r
