@@ -16,7 +16,7 @@ from pathlib import Path
 from bench.common.results_io import command_line, write_json
 
 SETTINGS = ("head_layers", "block_size", "num_anchors", "gamma", "depth1_weight",
-            "norm_from_target", "head_dtype", "head_attention", "steps", "batch_size", "lr")
+            "norm_from_target", "head_attention", "steps", "batch_size", "lr")
 
 
 def read_variant(folder: Path) -> dict | None:

@@ -4,18 +4,15 @@ Times `trainer.make_steps`' step, the one `train-draft` runs, side by side in on
 the same batches: the online teacher (the target's full distribution at every position), the
 stored top-K teacher (`train-data --teacher-top-k`) with the full vocabulary or draft
 vocabularies, at each batch size, with every `--target-attention` of the frozen target's pass
-and every `--head-dtype` x `--head-attention` of the head. Per variant: seconds per step
+and every `--head-attention` of the head. Per variant: seconds per step
 (median after warm-up), tokens/s, model FLOPs (`throughput.step_flops`) over peak, and the
 draft vocabulary's share of the data's answer tokens (its coverage). A variant that fails (a
 kernel this machine lacks) is reported with its error and the others go on.
 
     python -m bench.train_step --data runs/data --vocab 0 8192 16384 --batch 32 64 \
         --out bench/results/training/step_h200.json
-    python -m bench.train_step --synthetic 1024 --vocab 16384 --head-dtype float32 bfloat16 \
-        --head-attention reference cudnn
+    python -m bench.train_step --synthetic 1024 --vocab 16384 --head-attention reference cudnn
     python -m bench.train_step --tiny          # a random tiny target, on the CPU (the tests)
-    python -m bench.train_step --pick step.json   # prints the fastest head setting's dtype and
-                                                  # attention (what scripts/long_run.sh trains)
 
 --synthetic needs neither the model's weights nor a data set (random ones at its shapes): a
 step's work follows the shapes, not the values.
@@ -26,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import re
 import time
 
@@ -36,10 +32,11 @@ import numpy as np
 
 from bench.common.results_io import command_line, write_json
 from bench.trace_summary import profile
-from jetspec_jax.options import DTYPE_NAMES, HEAD_ATTENTION
+from jetspec_jax.options import HEAD_ATTENTION
 from jetspec_jax.train import data as D
 from jetspec_jax.train.throughput import step_flops
-from jetspec_jax.train.trainer import TrainConfig, fresh_params, make_optimizer, make_steps
+from jetspec_jax.train.trainer import (TrainConfig, fresh_params, make_optimizer, make_steps,
+                                       head_attention as resolved)
 from jetspec_jax.draft.head import draft_specs
 
 
@@ -88,11 +85,9 @@ def main(argv=None) -> None:
     p.add_argument("--target-attention", nargs="+", default=["auto"], metavar="KERNELS",
                    help="the frozen target's attention in the step, each timed (e.g. "
                    "reference auto: XLA's, then the GPU kernels; default: auto)")
-    p.add_argument("--head-dtype", nargs="+", default=["float32"], choices=DTYPE_NAMES,
-                   help="the head's compute dtypes, each timed (default: float32)")
-    p.add_argument("--head-attention", nargs="+", default=["reference"],
-                   choices=HEAD_ATTENTION, help="the head's attentions, each timed "
-                   "(default: reference)")
+    p.add_argument("--head-attention", nargs="+", default=["auto"],
+                   choices=HEAD_ATTENTION, help="the head's attentions, each timed (e.g. "
+                   "reference cudnn: XLA's, then cuDNN's; default: auto)")
     p.add_argument("--steps", type=int, default=8, help="timed steps per variant")
     p.add_argument("--no-online", action="store_true", help="skip the online-teacher baseline")
     p.add_argument("--peak-tflops", type=float, default=790.0)
@@ -103,13 +98,7 @@ def main(argv=None) -> None:
     p.add_argument("--profile", metavar="DIR", help="trace a step of each variant under DIR "
                    "and print where its device time went")
     p.add_argument("--out")
-    p.add_argument("--pick", metavar="RESULT", help="print the head dtype and attention of "
-                   "RESULT's fastest row (`pick_head_setting`) and stop")
     args = p.parse_args(argv)
-    if args.pick:
-        with open(args.pick) as f:
-            print(*pick_head_setting(json.load(f)["rows"]))
-        return
     if args.tiny:
         tparams, tcfg, data = _tiny_data()
         args.anchors, args.head_layers = 4, 1
@@ -129,20 +118,18 @@ def main(argv=None) -> None:
                  for n in args.vocab]
     rows = []
     settings = itertools.product(args.batch, args.anchor_chunk, args.target_attention,
-                                 args.head_dtype, args.head_attention, variants)
-    for batch, chunk, attention, head_dtype, head_attention, (name, n, stored) in settings:
-        if not stored and (batch, head_dtype, head_attention) != (
-                args.batch[0], args.head_dtype[0], args.head_attention[0]):
-            continue  # the online baseline at the first batch size and head settings only
+                                 args.head_attention, variants)
+    for batch, chunk, attention, head_attention, (name, n, stored) in settings:
+        if not stored and (batch, head_attention) != (args.batch[0], args.head_attention[0]):
+            continue  # the online baseline at the first batch size and head attention only
         cfg = TrainConfig(data_dir="-", out_dir="-", head_layers=args.head_layers,
                           batch_size=batch, num_anchors=args.anchors, anchor_chunk=chunk,
                           gamma=3.0, depth1_weight=3.0, draft_vocab=n,
-                          target_attention=attention, head_dtype=head_dtype,
-                          head_attention=head_attention)
+                          target_attention=attention, head_attention=head_attention)
         vocab = D.frequent_tokens(data, n, tcfg.vocab_size, eos) if n else None
         row = {"variant": name, "batch": batch, "anchor_chunk": chunk,
-               "target_attention": attention, "head_dtype": head_dtype,
-               "head_attention": head_attention, "draft_vocab": n,
+               "target_attention": attention, "head_attention": resolved(cfg),
+               "draft_vocab": n,
                "coverage": D.vocab_coverage(data, vocab) if vocab else 1.0}
         tag = "_".join(re.sub(r"[^A-Za-z0-9]+", "_", str(v)) for k, v in row.items()
                        if k != "coverage")
@@ -168,33 +155,15 @@ def main(argv=None) -> None:
                               "date": time.strftime("%Y-%m-%d"), "rows": rows})
 
 
-def pick_head_setting(rows: list[dict], margin: float = 0.03) -> tuple[str, str]:
-    """(head_dtype, head_attention) of the fastest timed row, if it ran at least `margin`
-    faster than float32 with the reference attention in the same setting (or that one did
-    not run); else those."""
-    default = ("float32", "reference")
-    timed = [r for r in rows if "step_s" in r]
-    if not timed:
-        return default
-    best = min(timed, key=lambda r: r["step_s"])
-    setting = ("variant", "batch", "anchor_chunk", "target_attention")
-    base = [r for r in timed if all(r[k] == best[k] for k in setting)
-            and (r["head_dtype"], r["head_attention"]) == default]
-    if not base or best["step_s"] < (1 - margin) * base[0]["step_s"]:
-        return best["head_dtype"], best["head_attention"]
-    return default
-
-
 def print_table(rows: list[dict]) -> None:
     """The rows side by side, each step's speed against the first timed row's."""
     timed = [r for r in rows if "step_s" in r]
     base = timed[0]["tok_s"] if timed else None
-    print(f"\n{'variant':<34} {'batch':>5} {'chunk':>5} {'target attn':>11} {'head':>8} "
+    print(f"\n{'variant':<34} {'batch':>5} {'chunk':>5} {'target attn':>11} "
           f"{'head attn':>9} {'cover':>6} {'step s':>7} {'tok/s':>8} {'x':>5} {'MFU':>5}")
     for r in rows:
         head = (f"{r['variant']:<34} {r['batch']:>5} {r['anchor_chunk']:>5} "
-                f"{r['target_attention']:>11} {r['head_dtype']:>8} {r['head_attention']:>9} "
-                f"{r['coverage']:>6.4f}")
+                f"{r['target_attention']:>11} {r['head_attention']:>9} {r['coverage']:>6.4f}")
         if "error" in r:
             print(f"{head} failed: {r['error'][:80]}")
         else:

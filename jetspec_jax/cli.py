@@ -711,8 +711,7 @@ TRAIN_DEFAULTS = dict(head="jetspec", head_layers=5, block_size=16, num_taps=5, 
                       tau_prompts=4, tau_max_new=64, tree_budget=64, start_step=None, seed=0,
                       lr=6e-4, gamma=7.0, depth1_weight=None, peak_flops=7.9e14,
                       draft_vocab=None, draft_vocab_coverage=None, teacher_top_k=32,
-                      target_attention="auto", head_dtype="float32",
-                      head_attention="reference")
+                      target_attention="auto", head_attention="auto")
 
 
 def _train_draft_parser(sub, heads: tuple[str, ...]) -> None:
@@ -773,13 +772,10 @@ def _train_draft_parser(sub, heads: tuple[str, ...]) -> None:
                    "(the GPU kernels on a GPU) or kernel names as --attn-impl takes them; "
                    "`python -m bench.train_step --target-attention reference auto` times "
                    "them (default: %(default)s)")
-    p.add_argument("--head-dtype", choices=options.DTYPE_NAMES, default=d.head_dtype,
-                   help="the head's compute dtype in each step; its weights, optimizer and "
-                   "loss stay float32 (default: %(default)s)")
     p.add_argument("--head-attention", choices=options.HEAD_ATTENTION,
                    default=d.head_attention, help="the head's attention in each step: "
-                   "reference (XLA, float32 softmax) or cudnn (cuDNN's fused attention on a "
-                   "GPU, bfloat16 inputs) (default: %(default)s)")
+                   "reference (XLA, float32 softmax), cudnn (cuDNN's fused attention on a "
+                   "GPU, bfloat16 inputs) or auto (cudnn on one GPU) (default: %(default)s)")
     p.add_argument("--init-head", nargs="+", metavar="DIR_OR_FILES",
                    help="when OUT has no checkpoint: start from this head's weights (a head "
                    "directory, or the safetensors files of `convert --head --shard-mib`) with "

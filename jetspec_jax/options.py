@@ -16,7 +16,7 @@ CPU_BUCKETS = (4, 8, 16, 32)  # on a CPU, where verifying costs nearly linearly 
 ATTENTION_KERNELS = ("reference", "portable", "hopper", "decode", "fused_decode")
 MATMUL_KERNELS = ("xla", "pallas", "tuned")
 ATTN_IMPLS = ("auto", *ATTENTION_KERNELS)  # what --attn-impl takes (`model.kernels.choose`)
-HEAD_ATTENTION = ("reference", "cudnn")  # a head's attention in training (`train.head_forward`)
+HEAD_ATTENTION = ("auto", "reference", "cudnn")  # a head's attention in training (trainer)
 
 
 def kernel_names(choice) -> tuple[str, ...]:

@@ -15,12 +15,10 @@
 #   STEPS [40000]  BATCH [32]  LR [4e-4]  WARMUP [200]  PY [python3]
 #   DRAFT_VOCAB_COVERAGE [0.995] the share of the first stretch's answer tokens it covers
 #   STEP_BENCH_OUT [unset] a file: before training, time the step on this stretch's data
-#   (bench.train_step: the stored top-K teacher and the run's draft vocabulary, batch 32; the
-#   head in float32 and bfloat16, its attention by XLA and by cuDNN) and print each variant's
-#   busiest device ops from a traced step; the stretch then trains with the fastest head
-#   setting if it ran at least 3% faster than float32 with XLA's attention
-#   TARGET_ATTENTION, HEAD_DTYPE, HEAD_ATTENTION [train-draft's defaults, or the head's two
-#   as the step benchmark picked them] the target's attention, the head's dtype and attention
+#   (bench.train_step: the stored top-K teacher and the run's draft vocabulary, batch 32, the
+#   head's attention by XLA and by cuDNN) and print each variant's busiest device ops from a
+#   traced step
+#   TARGET_ATTENTION, HEAD_ATTENTION [train-draft's defaults] the target's and head's attention
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${STATE:-checkpoints/smollm2-135m-jetspec-run}
@@ -56,22 +54,16 @@ if [[ -n "${STEP_BENCH_OUT:-}" ]]; then  # a failed benchmark does not cost the 
 print(len(read_shards(sys.argv[1:])[1].get("draft_vocab") or []) or 16384)' "${parts[@]}" \
     2>/dev/null || echo 16384)
   $PY -m bench.train_step --data "$RUN/data" --vocab "$vocab" --batch 32 --steps 5 \
-    --no-online --head-dtype float32 bfloat16 --head-attention reference cudnn \
+    --no-online --head-attention reference cudnn \
     --profile "$RUN/step-trace" --out "$STEP_BENCH_OUT" \
     || echo "warning: the step benchmark failed" >&2
-  if [[ -z "${HEAD_DTYPE:-}${HEAD_ATTENTION:-}" && -f "$STEP_BENCH_OUT" ]]; then
-    read -r HEAD_DTYPE HEAD_ATTENTION < <($PY -m bench.train_step --pick "$STEP_BENCH_OUT" \
-      || echo float32 reference)
-    echo "training the head in $HEAD_DTYPE with its attention by $HEAD_ATTENTION"
-  fi
 fi
 env "${common[@]}" "${start[@]}" STAGES=train INIT_HEAD="${init[*]}" STEPS="${STEPS:-40000}" \
   LR="${LR:-4e-4}" WARMUP="${WARMUP:-200}" GAMMA=3 DEPTH1_WEIGHT=3 LAYERS=3 BATCH="${BATCH:-32}" \
   ANCHORS=256 ANCHOR_CHUNK=32 DRAFT_VOCAB_COVERAGE="${DRAFT_VOCAB_COVERAGE:-0.995}" \
   EVAL_EVERY=1000 \
   TAU_PROMPTS=64 TAU_MAX_NEW=512 CKPT_EVERY=500 DEADLINE="$DEADLINE" \
-  TARGET_ATTENTION="${TARGET_ATTENTION:-}" HEAD_DTYPE="${HEAD_DTYPE:-}" \
-  HEAD_ATTENTION="${HEAD_ATTENTION:-}" \
+  TARGET_ATTENTION="${TARGET_ATTENTION:-}" HEAD_ATTENTION="${HEAD_ATTENTION:-}" \
   bash scripts/train_default_head.sh
 rm -rf "$RUN/export"
 env "${common[@]}" STAGES=export EXPORT="$RUN/export" EXPORT_DTYPE=float32 SHARD_MIB=15 \

@@ -9,8 +9,8 @@
 # launch copies the checkout to $JC/repo and starts the stretch there detached (setsid),
 # so it outlives the command; its log is $JC/stretch.log. STEP_BENCH=1 first times the
 # training step on the stretch's data (bench.train_step: the run's draft vocabulary, batch 32,
-# the head in float32 and bfloat16, its attention by XLA and by cuDNN; each variant's busiest
-# ops in the log) into $JC/train_step.json, and the stretch trains with the fastest.
+# the head's attention by XLA and by cuDNN; each variant's busiest ops in the log) into
+# $JC/train_step.json.
 # Settings: JC [$HOME/jc], DEADLINE (launch: the unix time by which training must end), and
 # long_run.sh's own (SEQS, BATCH, ...).
 set -euo pipefail

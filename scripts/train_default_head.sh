@@ -23,7 +23,7 @@
 #   EVAL_EVERY [600]  TAU_PROMPTS [64]  TAU_MAX_NEW [64]  TAU_BUDGET [64]  CKPT_EVERY [300]
 #   DTYPE [bfloat16]  HEAD [jetspec | dflash | eagle (the lab's: `python -m lab`)]
 #   MESH [none, e.g. data=2]  TARGET_ATTENTION [auto] the target's attention in a step
-#   HEAD_DTYPE [float32] the head's compute dtype in a step  HEAD_ATTENTION [reference | cudnn]
+#   HEAD_ATTENTION [auto | reference | cudnn] the head's attention in a step (auto: cudnn on one GPU)
 #   TIME_LIMIT [minutes of training, none] or DEADLINE [unix time training must end by]
 #   INIT_HEAD [none] head directory or files (globs expand)  START_STEP [the files' step]
 #   EXPORT [RUN/HEAD-export]  EXPORT_DTYPE [bfloat16]  SHARD_MIB [15]
@@ -61,7 +61,6 @@ if has train; then
   [[ "${NORM_FROM_TARGET:-0}" == 1 ]] && extra+=(--norm-from-target)
   [[ -n "${MESH:-}" ]] && extra+=(--mesh "$MESH")
   [[ -n "${TARGET_ATTENTION:-}" ]] && extra+=(--target-attention "$TARGET_ATTENTION")
-  [[ -n "${HEAD_DTYPE:-}" ]] && extra+=(--head-dtype "$HEAD_DTYPE")
   [[ -n "${HEAD_ATTENTION:-}" ]] && extra+=(--head-attention "$HEAD_ATTENTION")
   if [[ -n "${INIT_HEAD:-}" ]]; then
     # shellcheck disable=SC2206  # globs in INIT_HEAD expand to the head's files

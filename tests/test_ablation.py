@@ -27,9 +27,8 @@ def test_each_variant_passes_its_own_flags_to_train_draft(tmp_path):
     assert "--block-size 16 " in base and "--block-size 8 " in block8
     assert "--norm-from-target" in norm and "--norm-from-target" not in base
     assert "--depth1-weight 3" in depth1 and "--depth1-weight" not in base
-    bf16, cudnn = _ablate(tmp_path / "step", "bf16 cudnn")[1]
-    assert "--head-dtype bfloat16" in bf16 and "--head-dtype" not in base
-    assert "--head-attention cudnn" in cudnn and "--head-attention" not in base
+    (xla_attn,) = _ablate(tmp_path / "step", "xla_attn")[1]
+    assert "--head-attention reference" in xla_attn and "--head-attention" not in base
     for call in calls:  # the same steps, warm-up and held-out evaluation at the end for all
         assert "--steps 40 " in call and "--warmup-steps 4 " in call and "--eval-every 40 " in call
     assert f"--out {tmp_path}/run/ablate/layers5/jetspec " in layers5

@@ -133,31 +133,33 @@ def test_fused_attention_sees_what_the_dense_mask_shows():
         np.testing.assert_allclose(g, w, atol=5e-2)
 
 
-def test_head_in_bfloat16_trains_float32_weights(tiny, dataset):
-    """TrainConfig.head_dtype "bfloat16": the step computes the head in bfloat16, its loss
-    within bfloat16's reach of float32's on the same batch, and keeps float32 weights; the
-    GPU-only head attention and unknown settings are refused by name."""
-    from jetspec_jax.train.trainer import make_optimizer, make_steps
+def test_head_attention_auto_takes_cudnn_on_a_gpu_only(tiny, dataset, monkeypatch):
+    """TrainConfig.head_attention "auto" (the default) resolves to cuDNN's fused attention on
+    one GPU and to XLA's elsewhere (a data mesh too): here the step's loss equals the one with
+    "reference"; "cudnn" without a GPU and unknown names are refused by name."""
+    from jetspec_jax.train import trainer
+    from jetspec_jax.train.trainer import head_attention, make_optimizer, make_steps
 
     tcfg, tp = tiny
     batch = {k: jnp.asarray(v[:4]) for k, v in D.load_shards(dataset / "train").items()}
     losses = {}
-    for dtype in ("float32", "bfloat16"):
-        cfg = train_config(dataset, ".", head_dtype=dtype)
+    for choice in ("auto", "reference"):
+        cfg = train_config(dataset, ".", head_attention=choice)
         dcfg = cfg.draft_config(tcfg)
         tx = make_optimizer(cfg)[0]
         dp = init_params(draft_specs(dcfg), jax.random.key(0))
-        train_step, eval_step = make_steps(cfg, tcfg, dcfg, tx)
-        losses[dtype] = float(eval_step(dp, tp, batch, jax.random.key(1))["loss"])
-    dp, _, m = train_step(dp, tx.init(dp), tp, batch, jax.random.key(1))  # the bfloat16 step
-    assert {p.dtype for p in jax.tree.leaves(dp)} == {jnp.dtype(jnp.float32)}
-    assert np.isfinite(float(m["loss"]))
-    assert losses["bfloat16"] != losses["float32"]  # the head did run in bfloat16
-    np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=3e-2)
+        losses[choice] = float(make_steps(cfg, tcfg, dcfg, tx)[1](
+            dp, tp, batch, jax.random.key(1))["loss"])
+    assert losses["auto"] == losses["reference"]
+    auto = train_config(dataset, ".")
+    assert auto.head_attention == "auto" and head_attention(auto) == "reference"
+    monkeypatch.setattr(trainer.jax, "default_backend", lambda: "gpu")
+    assert head_attention(auto) == "cudnn"
+    assert head_attention(train_config(dataset, ".", head_attention="reference")) == "reference"
+    assert head_attention(train_config(dataset, ".", mesh="data=1")) == "reference"
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="head_attention 'cudnn' needs a GPU"):
         make_steps(train_config(dataset, ".", head_attention="cudnn"), tcfg, dcfg, tx)
-    with pytest.raises(ValueError, match="head_dtype must be one of"):
-        train_config(dataset, ".", head_dtype="float16")
     with pytest.raises(ValueError, match="head_attention must be one of"):
         train_config(dataset, ".", head_attention="flash")
 

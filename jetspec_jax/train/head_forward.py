@@ -88,9 +88,8 @@ def head_logits(dparams, dcfg: DraftConfig, tparams, tcfg: ModelConfig, taps, to
     taps [B, T, k*D] are the target's tapped features of tokens [B, T]; slot d of the block
     at anchor a drafts the token at position a + d, exactly as `draft_block` would after
     `extend_context` with the taps of positions 0..a-1. ctx: `head_context(taps)`, when
-    already made (chunks of anchors share it). attention: one of `options.HEAD_ATTENTION`, the
-    blocks' attention: "reference" (`dense_attention`, float32 softmax) or "cudnn"
-    (`fused_attention`, a GPU's)."""
+    already made (chunks of anchors share it). attention: the blocks' attention, "reference"
+    (`dense_attention`, float32 softmax) or "cudnn" (`fused_attention`, a GPU's)."""
     cfg = dcfg.layers
     b, t = tokens.shape
     a = anchors.shape[1]

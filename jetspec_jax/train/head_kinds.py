@@ -23,7 +23,7 @@ class HeadKind:
     specs: Callable  # config -> param specs
     # (dparams, dcfg, tparams, tcfg, taps [B, T, k*D], tokens [B, T], attention) -> a function
     # of anchors [B, A] giving draft logits [B, A, depth, V] (chunks of anchors share what it
-    # made once); attention: TrainConfig.head_attention (block heads only take "cudnn")
+    # made once); attention: "reference" or "cudnn" (`trainer.head_attention`: block heads only)
     training_logits: Callable
     save: Callable  # (path, params, dcfg, *, metadata, overwrite, max_bytes=None) -> Path
     load: Callable  # path -> (dcfg, params)

@@ -209,7 +209,7 @@ def head_loss(dparams, dcfg: HeadConfig, tparams, tcfg: ModelConfig, tokens, tea
     (top-K).
 
     anchor_chunk: anchors per chunk (`map_anchor_chunks`; must divide A); None: all at once.
-    attention: the head's attention (`options.HEAD_ATTENTION`)."""
+    attention: the head's attention, "reference" or "cudnn" (`trainer.head_attention`)."""
     anchors, valid = teach["anchors"], teach["valid"]
     logits = head_kinds.of_config(dcfg).training_logits(dparams, dcfg, tparams, tcfg,
                                                          teach["taps"], tokens, attention)

@@ -53,7 +53,7 @@ from jetspec_jax.io.shards import is_shard_export, read_shards
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.kernels import choose
 from jetspec_jax.model.params import check_params, init_params, unflatten
-from jetspec_jax.options import ATTN_IMPLS, DTYPE_NAMES, HEAD_ATTENTION, check_kernel_name
+from jetspec_jax.options import ATTN_IMPLS, HEAD_ATTENTION, check_kernel_name
 from jetspec_jax.train.head_kinds import HEADS
 from jetspec_jax.train.data import DatasetError, covering_size, frequent_tokens, load_shards
 from jetspec_jax.train.features import load_features
@@ -95,10 +95,9 @@ class TrainConfig:
     # the frozen target's attention in each step (`kernels.choose`: "auto" takes the GPU's
     # kernels there, 11% faster a step than XLA's on an H100); bench.train_step times them
     target_attention: str = "auto"
-    # the head's compute dtype in a step (its weights, optimizer state and loss stay float32)
-    # and its attention ("cudnn": cuDNN's fused attention on a GPU, bfloat16 inputs)
-    head_dtype: str = "float32"
-    head_attention: str = "reference"
+    # the head's attention in a step: "cudnn" (cuDNN's fused attention, bfloat16 inputs; half
+    # the step's time on an H100) or "reference" (XLA, float32); "auto": cudnn on one GPU
+    head_attention: str = "auto"
     seed: int = 0
     # resuming from a head's weights alone (no checkpoint in out_dir): a fresh optimizer,
     # re-warmed over warmup_steps, the schedule and the data order continued at start_step
@@ -139,10 +138,10 @@ class TrainConfig:
             raise ValueError(f"batch_size {self.batch_size} must be a multiple of the "
                              f"{data_parallel(self.mesh)} devices of mesh {self.mesh!r}")
         check_kernel_name("attention", self.target_attention, ATTN_IMPLS)
-        for name, choices in (("head_dtype", DTYPE_NAMES), ("head_attention", HEAD_ATTENTION)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
-        if self.head_attention != "reference" and HEADS[self.head].config_type is not DraftConfig:
+        if self.head_attention not in HEAD_ATTENTION:
+            raise ValueError(f"head_attention must be one of {HEAD_ATTENTION}, got "
+                             f"{self.head_attention!r}")
+        if self.head_attention == "cudnn" and HEADS[self.head].config_type is not DraftConfig:
             raise ValueError(f"head_attention {self.head_attention!r} needs a block head "
                              f"(jetspec or dflash), not {self.head!r}")
         if self.eval_feature_dir and not (self.feature_dir and self.eval_dir):
@@ -232,7 +231,17 @@ def check_devices(cfg: TrainConfig) -> None:
     backend = jax.default_backend()
     if cfg.head_attention == "cudnn" and backend != "gpu":
         raise ValueError(f"head_attention 'cudnn' needs a GPU; this machine has only "
-                         f"{backend.upper()} devices; use reference")
+                         f"{backend.upper()} devices; use auto or reference")
+
+
+def head_attention(cfg: TrainConfig) -> str:
+    """cfg.head_attention with "auto" resolved: cudnn for a block head on one GPU (a data
+    mesh keeps XLA's, whose partitioning is tested)."""
+    if cfg.head_attention != "auto":
+        return cfg.head_attention
+    block_head = HEADS[cfg.head].config_type is DraftConfig
+    one_gpu = jax.default_backend() == "gpu" and cfg.mesh is None
+    return "cudnn" if block_head and one_gpu else "reference"
 
 
 def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: HeadConfig, tx,
@@ -246,7 +255,7 @@ def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: HeadConfig, tx,
              if getattr(dcfg, "draft_vocab", None) is not None else None)
     kernels = choose(cfg.target_attention, sharded=cfg.mesh is not None)
     check_devices(cfg)
-    compute = jnp.dtype(cfg.head_dtype)
+    attention = head_attention(cfg)
 
     def teacher(tparams, batch, key):  # outside the gradient: the target is frozen
         if stored:
@@ -255,10 +264,9 @@ def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: HeadConfig, tx,
         return teacher_outputs(tparams, tcfg, dcfg, batch, key, cfg.num_anchors, top_k, kernels)
 
     def loss_and_metrics(dparams, tparams, batch, teach):
-        dparams = jax.tree.map(lambda p: p.astype(compute), dparams)  # float32 gradients
         return head_loss(dparams, dcfg, tparams, tcfg, batch["tokens"], teach, cfg.gamma,
                          depth1_weight=cfg.depth1_weight, anchor_chunk=cfg.anchor_chunk,
-                         attention=cfg.head_attention)
+                         attention=attention)
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def train_step(dparams, opt_state, tparams, batch, key):
