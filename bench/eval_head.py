@@ -29,10 +29,12 @@ from bench.common.results_io import command_line, write_json
 from jetspec_jax import api
 
 
-def tau_rows(target, draft, sets, *, budgets, temperature, max_new, batch_size=0, seed=0):
+def tau_rows(target, draft, sets, *, budgets, temperature, max_new, batch_size=0, seed=0,
+             width=None, ngram=None):
     """All benchmarks decoded as one ragged batch (one compiled program per budget), or in
     batches of batch_size prompts of similar length; tau then pooled per benchmark from each
-    sequence's rounds; greedy rows also check equality with AR."""
+    sequence's rounds; greedy rows also check equality with AR. width, ngram: the tree's
+    (None: the head's default on this machine, `api.default_tree`)."""
     pairs = [(n, p) for n, ps in sets.items() for p in ps]
     if batch_size:  # similar lengths together: less padding, few prompt buckets
         lengths = [len(ids) for ids in api.encode_prompts(target, [p for _, p in pairs])]
@@ -43,7 +45,7 @@ def tau_rows(target, draft, sets, *, budgets, temperature, max_new, batch_size=0
     rows, ar = [], None
     for b in budgets:
         runs = [api.generate(target, prompts, draft=draft, budget=b, max_new_tokens=max_new,
-                             temperature=temperature, seed=seed,
+                             temperature=temperature, seed=seed, width=width, ngram=ngram,
                              compare_autoregressive=temperature == 0 and ar is None)
                 for prompts in batches]
         accepted = [a for r in runs for a in r.accepted]
@@ -72,13 +74,13 @@ def one_bucket(target, prompts, n):
     return [p for p, b in zip(prompts, buckets) if b == common][:n]
 
 
-def batch1_speed(target, draft, prompts, *, budget, max_new):
+def batch1_speed(target, draft, prompts, *, budget, max_new, width=None, ngram=None):
     """Speculative vs autoregressive seconds, summed over prompts decoded one at a time."""
     spec_s = ar_s = 0.0
     tokens, same, committed = 0, 0, []
     for p in prompts:
         r = api.generate(target, [p], draft=draft, budget=budget, max_new_tokens=max_new,
-                         compare_autoregressive=True)
+                         width=width, ngram=ngram, compare_autoregressive=True)
         spec_s += r.seconds
         ar_s += r.ar_seconds
         tokens += r.num_generated
@@ -123,6 +125,10 @@ def main():
     ap.add_argument("--batch1-prompts", type=int, default=8,
                     help="prompts per benchmark timed at batch 1 (0: no speed measurement)")
     ap.add_argument("--batch1-budgets", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--width", type=int, help="draft candidates per tree node (default: the "
+                    "head's measured fastest on this kind of machine, else 7)")
+    ap.add_argument("--ngram", type=int, help="context n-gram chain length in each tree, 0 "
+                    "none (default: the head's measured fastest on this kind of machine)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.batch_size < 0:
@@ -130,20 +136,24 @@ def main():
     api.exact_float32(args.dtype)
     target = api.load_target(args.model, dtype=args.dtype)
     draft = api.load_draft(args.draft or api.default_draft_path(args.model), target)
+    default = api.default_tree(draft)  # recorded: a head's model card changes its tree
+    tree = dict(width=default["width"] if args.width is None else args.width,
+                ngram=default["ngram"] if args.ngram is None else args.ngram)
     result = dict(command=command_line(), dtype=args.dtype, device=jax.devices()[0].device_kind,
-                  date=time.strftime("%Y-%m-%d"), max_new_tokens=args.max_new_tokens, tau={},
-                  batch1=[])
+                  date=time.strftime("%Y-%m-%d"), max_new_tokens=args.max_new_tokens, tree=tree,
+                  tau={}, batch1=[])
     sets = {name: BENCHMARKS[name]() for name in args.benchmarks}
     sets = {k: (v[:args.limit] if args.limit else v) for k, v in sets.items()}
     for t in args.temperatures:
         result["tau"][t] = tau_rows(target, draft, sets, budgets=args.budgets, temperature=t,
-                                    max_new=args.max_new_tokens, batch_size=args.batch_size)
+                                    max_new=args.max_new_tokens, batch_size=args.batch_size,
+                                    **tree)
         write_json(args.out, result)
     if args.batch1_prompts:
         for b in args.batch1_budgets:
             rows = [dict(benchmark=name, **batch1_speed(
                 target, draft, one_bucket(target, sets[name], args.batch1_prompts), budget=b,
-                max_new=args.max_new_tokens)) for name in args.benchmarks]
+                max_new=args.max_new_tokens, **tree)) for name in args.benchmarks]
             result["batch1"] += rows + [dict(benchmark="pooled", **pooled(rows))]
             write_json(args.out, result)
     print(f"{'benchmark':10s} {'T':>4s} " + " ".join(f"{b:>6d}" for b in args.budgets))
