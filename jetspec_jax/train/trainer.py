@@ -141,13 +141,13 @@ class TrainConfig:
         if self.head_attention not in HEAD_ATTENTION:
             raise ValueError(f"head_attention must be one of {HEAD_ATTENTION}, got "
                              f"{self.head_attention!r}")
-        if self.head_attention == "cudnn" and HEADS[self.head].config_type is not DraftConfig:
+        if self.head_attention == "cudnn" and not self.block_head:
             raise ValueError(f"head_attention {self.head_attention!r} needs a block head "
                              f"(jetspec or dflash), not {self.head!r}")
         if self.eval_feature_dir and not (self.feature_dir and self.eval_dir):
             raise ValueError("eval_feature_dir needs feature_dir and eval_dir")
         wants_vocab = self.draft_vocab is not None or self.draft_vocab_coverage is not None
-        if wants_vocab and HEADS[self.head].config_type is not DraftConfig:
+        if wants_vocab and not self.block_head:
             raise ValueError(f"a draft vocabulary needs a block head (jetspec or dflash), not "
                              f"{self.head!r}")
         if self.draft_vocab is not None and self.draft_vocab < 1:
@@ -156,6 +156,11 @@ class TrainConfig:
             raise ValueError("give draft_vocab (a size) or draft_vocab_coverage, not both")
         if self.teacher_top_k < 1:
             raise ValueError(f"teacher_top_k must be >= 1, got {self.teacher_top_k}")
+
+    @property
+    def block_head(self) -> bool:
+        """A JetSpec or DFlash block head (what draft vocabularies and cuDNN attention need)."""
+        return HEADS[self.head].config_type is DraftConfig
 
     def draft_config(self, tcfg: ModelConfig,
                      draft_vocab: tuple[int, ...] | None = None) -> HeadConfig:
@@ -239,9 +244,8 @@ def head_attention(cfg: TrainConfig) -> str:
     mesh keeps XLA's, whose partitioning is tested)."""
     if cfg.head_attention != "auto":
         return cfg.head_attention
-    block_head = HEADS[cfg.head].config_type is DraftConfig
     one_gpu = jax.default_backend() == "gpu" and cfg.mesh is None
-    return "cudnn" if block_head and one_gpu else "reference"
+    return "cudnn" if cfg.block_head and one_gpu else "reference"
 
 
 def make_steps(cfg: TrainConfig, tcfg: ModelConfig, dcfg: HeadConfig, tx,
