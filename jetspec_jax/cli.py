@@ -645,12 +645,16 @@ def _train_data_parser(sub) -> None:
                    "so train-draft runs no teacher LM head (0: none; default: %(default)s)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="dtype of the target's weights and cache (default: %(default)s)")
+    p.add_argument("--attn-impl", default="reference", metavar="KERNELS",
+                   help="the target's attention while it answers, as generate's --attn-impl "
+                   "takes it (default: %(default)s)")
     _cache_flags(p)
     p.set_defaults(run=run_train_data, check=check_train_data)
 
 
 def check_train_data(args) -> None:
     check_numbers(temperature=args.temperature)
+    options.check_kernel_name("attention", args.attn_impl, options.ATTN_IMPLS)
     if args.samples < 0:
         raise ValueError(f"--samples must be >= 0, got {args.samples}")
     if args.teacher_top_k < 0:
@@ -694,7 +698,7 @@ def run_train_data(args) -> None:
         max_new=args.max_new_tokens, batch_size=args.batch_size, sampler=sampler,
         samples=args.samples, sample_sampler=sample_sampler, seed=args.seed,
         max_seqs=args.max_seqs, cache_dtype=jnp.dtype(target.dtype),
-        teacher_top_k=args.teacher_top_k)
+        teacher_top_k=args.teacher_top_k, kernels=api.resolve_kernels(target, args.attn_impl))
     g = manifest["generation"]
     rate = f"{g['tokens_per_s']:,.0f}" if g["tokens_per_s"] else "n/a"
     print(f"wrote {manifest['num_seqs']} sequences, {manifest['num_tokens']} tokens "

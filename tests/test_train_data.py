@@ -18,6 +18,7 @@ from jetspec_jax import api
 from jetspec_jax.cli import main
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.io.checkpoints import save_target
+from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.train import data as D, prompts as P
 from jetspec_jax.train.code_prompts import code_prompts, module_names, stub_prompts
 from jetspec_jax.train.competition_prompts import competition_problems
@@ -195,6 +196,19 @@ def test_sampled_answers_differ_from_greedy_and_reproduce(tiny, tmp_path):
     assert answers(tmp_path / "b") == got
     with pytest.raises(ValueError, match="temperature > 0"):
         make(prompts, "c", samples=1, sample_sampler=Sampler())
+
+
+def test_the_gpu_kernels_answer_as_the_reference(tiny, tmp_path):
+    """Data made with the one-token decode kernels (interpret mode) holds the reference's
+    answers in float32, and its manifest names the kernel."""
+    _, t = tiny
+    prompts = [f"w{i} w{i + 3} " + "w7 " * (i % 4) for i in range(3, 9)]
+    kernels = Kernels(("fused_decode", "decode", "portable"), interpret=True)  # no XLA
+    made = D.make_dataset(t.params, t.cfg, t.tokenizer, prompts, tmp_path / "k", **GEN,
+                          kernels=kernels)
+    D.make_dataset(t.params, t.cfg, t.tokenizer, prompts, tmp_path / "r", **GEN)
+    assert made["generation"]["attention"] == "fused_decode"
+    assert answers(tmp_path / "k") == answers(tmp_path / "r")
 
 
 def test_export_then_train_data(tiny, tmp_path, monkeypatch, capsys):

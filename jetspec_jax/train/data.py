@@ -42,6 +42,7 @@ from jetspec_jax.decode.loop import Loop
 from jetspec_jax.decode.sampling import Sampler
 from jetspec_jax.io.files import write_atomic, write_json
 from jetspec_jax.model.config import ModelConfig
+from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.train.prompts import prompt_text, stable_hash, user
 from jetspec_jax.train.teacher import label_top_k
 
@@ -75,10 +76,13 @@ def make_dataset(tparams, tcfg: ModelConfig, tokenizer, prompts: Iterable[str | 
                  max_new: int = 256, batch_size: int = 32, sampler: Sampler = Sampler(),
                  samples: int = 0, sample_sampler: Sampler = Sampler(temperature=0.8),
                  seed: int = 0, max_seqs: int | None = None, cache_dtype=jnp.float32,
-                 teacher_top_k: int = 0, progress: bool = True) -> dict:
+                 teacher_top_k: int = 0, kernels: Kernels = Kernels(),
+                 progress: bool = True) -> dict:
     """Regenerates responses to prompts with the target and writes token shards; returns the
     manifest. Prompts whose templated form exceeds max_prompt_len tokens are skipped.
-    teacher_top_k > 0 also stores the target's top-K next tokens at every position."""
+    teacher_top_k > 0 also stores the target's top-K next tokens at every position. kernels:
+    the target's while it answers (not a setting of the data: any of them decodes the same
+    model)."""
     if samples < 0:
         raise ValueError(f"samples must be >= 0, got {samples}")
     if not 0 <= teacher_top_k <= tcfg.vocab_size:
@@ -97,7 +101,7 @@ def make_dataset(tparams, tcfg: ModelConfig, tokenizer, prompts: Iterable[str | 
         raise DatasetError(f"{out} was generated with {old['settings']}, not "
                            f"{dataclasses.asdict(settings)}; use another directory")
     done = {s["file"]: s for s in old["shards"]} if old else {}
-    gen = _Generator(tparams, tcfg, settings, batch_size, cache_dtype,
+    gen = _Generator(tparams, tcfg, settings, batch_size, cache_dtype, kernels,
                      tuple(tokenizer.eos_token_ids or tcfg.eos_token_ids), tokenizer.pad_id)
     answers = [sampler] + [sample_sampler] * samples
     prompts = itertools.islice(prompts, max_seqs)
@@ -126,7 +130,7 @@ def make_dataset(tparams, tcfg: ModelConfig, tokenizer, prompts: Iterable[str | 
         else:
             entry = done[file.name]
         shards.append(entry)
-        manifest = _manifest(settings, shards, gen.compile_seconds, made[2])
+        manifest = _manifest(settings, shards, gen.compile_seconds, made[2], kernels)
         write_json(out / MANIFEST, manifest)
         bar.update(len(chunk))
     bar.close()
@@ -136,7 +140,7 @@ def make_dataset(tparams, tcfg: ModelConfig, tokenizer, prompts: Iterable[str | 
 
 
 def _manifest(settings: GenSettings, shards: list[dict], compile_seconds: float,
-              teacher_seconds: float) -> dict:
+              teacher_seconds: float, kernels: Kernels) -> dict:
     new = sum(s.get("new_tokens", 0) for s in shards)
     secs = sum(s.get("seconds", 0.0) for s in shards)
     return {"format": FORMAT, "settings": dataclasses.asdict(settings), "shards": shards,
@@ -146,7 +150,8 @@ def _manifest(settings: GenSettings, shards: list[dict], compile_seconds: float,
                            "tokens_per_s": round(new / secs, 1) if secs else None,
                            "compile_seconds": round(compile_seconds, 3),
                            "teacher_seconds": round(teacher_seconds, 3),
-                           "backend": jax.default_backend()}}
+                           "backend": jax.default_backend(),
+                           "attention": kernels.attention_name}}
 
 
 def _rows(tokenizer, prompts, answers: list[Sampler], max_prompt_len: int) -> list[tuple]:
@@ -174,9 +179,11 @@ class _Generator:
     """Batched decoding of (prompt ids, prompt hash, answer number, sampler) rows into a shard's
     arrays, one compiled program per sampler (timed apart from the decoding)."""
 
-    def __init__(self, tparams, tcfg, s: GenSettings, batch_size, cache_dtype, stop_ids, pad_id):
+    def __init__(self, tparams, tcfg, s: GenSettings, batch_size, cache_dtype, kernels, stop_ids,
+                 pad_id):
         self.tparams, self.tcfg, self.s, self.batch_size = tparams, tcfg, s, batch_size
-        self.cache_dtype, self.stop_ids, self.pad_id = cache_dtype, stop_ids, pad_id
+        self.cache_dtype, self.kernels = cache_dtype, kernels
+        self.stop_ids, self.pad_id = stop_ids, pad_id
         self.programs, self.compile_seconds = {}, 0.0
 
     def __call__(self, rows):
@@ -214,7 +221,7 @@ class _Generator:
     def _program(self, sampler, args):
         static = dict(cfg=self.tcfg, sampler=sampler, loop=Loop(
             max_new=self.s.max_new, num_slots=self.s.max_prompt_len + self.s.max_new + 1,
-            stop_ids=self.stop_ids, cache_dtype=self.cache_dtype))
+            stop_ids=self.stop_ids, kernels=self.kernels, cache_dtype=self.cache_dtype))
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
         key = (tuple(sorted(static.items(), key=str)), jax.tree.structure(shapes),
                tuple(jax.tree.leaves(shapes)))
