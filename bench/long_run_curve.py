@@ -41,8 +41,8 @@ def summary(state: Path) -> dict:
     for i, part in enumerate(stretches(rows, starts)):
         d = data[i] if i < len(data) else None
         g = d["generation"] if d else {}
-        data_s = g.get("seconds", 0.0) + g.get("teacher_seconds", 0.0) + g.get(
-            "compile_seconds", 0.0)
+        data_s = sum(g.get(k, 0.0) for k in ("seconds", "compile_seconds", "teacher_seconds",
+                                              "teacher_compile_seconds"))
         if part[0].get("time", 0.0) < clock:  # the clock restarted with this stretch
             clock = 0.0
         timed = [r for r in part if "step_s" in r][3:]  # past compilation and warm-up

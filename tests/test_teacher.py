@@ -54,7 +54,13 @@ def test_labels_equal_the_targets_top_k_at_every_position(batch_tokens, bucket):
     rng = np.random.default_rng(0)
     tokens = rng.integers(2, tcfg.vocab_size, (7, 20)).astype(np.int32)
     lengths = np.array([20, 3, 11, 1, 16, 20, 8], np.int32)
-    got = label_top_k(tp, tcfg, tokens, lengths, 5, batch_tokens=batch_tokens, bucket=bucket)
+    timing = {}
+    got = label_top_k(tp, tcfg, tokens, lengths, 5, batch_tokens=batch_tokens, bucket=bucket,
+                      timing=timing)
+    again = {}  # every width compiled by the first call: the second compiles nothing
+    label_top_k(tp, tcfg, tokens, lengths, 5, batch_tokens=batch_tokens, bucket=bucket,
+                timing=again)
+    assert timing["compile_seconds"] > 0 and again == {}
     hidden, _ = target_pass(tp, tcfg, jnp.asarray(tokens), ())
     want_logp, want_ids = top_k_teacher(target.lm_head(tp, tcfg, hidden), 5)
     for r, m in enumerate(lengths):

@@ -10,6 +10,7 @@ tokens and the rest's mass, so what K leaves out still counts as one outcome.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import jax
@@ -33,16 +34,27 @@ def top_k_teacher(logits, top_k: int):
 
 def label_top_k(tparams, tcfg: ModelConfig, tokens: np.ndarray, lengths: np.ndarray,
                 top_k: int, *, batch_tokens: int = 32768, bucket: int = 128,
-                dtype=np.float32) -> dict[str, np.ndarray]:
+                dtype=np.float32, timing: dict | None = None) -> dict[str, np.ndarray]:
     """The teacher-forced target over sequences tokens [S, T] of lengths [S] -> top_logp [S, T, K]
     (dtype) and top_ids [S, T, K] int32: position t's K most likely next tokens (zeros past
     each length). Batches hold about batch_tokens tokens (rows of one width, a multiple of
-    bucket: one compiled program per width); the next batch runs while the last is copied out."""
+    bucket: one compiled program per width, compiled ahead; timing["compile_seconds"] adds up
+    their compile time); the next batch runs while the last is copied out."""
     if not 1 <= top_k <= tcfg.vocab_size:
         raise ValueError(f"teacher top-K must be in [1, {tcfg.vocab_size}], got {top_k}")
     n, t = tokens.shape
     out = {"top_logp": np.zeros((n, t, top_k), dtype), "top_ids": np.zeros((n, t, top_k), np.int32)}
-    run = _top_k_program(tcfg, top_k)
+    timing = {} if timing is None else timing
+
+    def run(tparams, batch):
+        key = (tcfg, top_k, batch.shape, jax.tree.structure(tparams),
+               tuple((x.shape, x.dtype) for x in jax.tree.leaves(tparams)))
+        if key not in _PROGRAMS:
+            start = time.perf_counter()
+            _PROGRAMS[key] = _top_k_program(tcfg, top_k).lower(tparams, batch).compile()
+            timing["compile_seconds"] = (timing.get("compile_seconds", 0.0)
+                                         + time.perf_counter() - start)
+        return _PROGRAMS[key](tparams, batch)
 
     def store(rows, result):
         logp, ids = jax.device_get(result)
@@ -78,13 +90,11 @@ def width_batches(tokens: np.ndarray, lengths: np.ndarray, batch_tokens: int,
             yield rows, batch
 
 
-_PROGRAMS: dict = {}
+_PROGRAMS: dict = {}  # compiled per (config, K, batch shape, parameters' shapes and dtypes)
 
 
 def _top_k_program(tcfg: ModelConfig, top_k: int):
-    if (tcfg, top_k) not in _PROGRAMS:
-        def run(tparams, tokens):
-            hidden, _ = target_pass(tparams, tcfg, tokens, ())
-            return top_k_teacher(target.lm_head(tparams, tcfg, hidden), top_k)
-        _PROGRAMS[tcfg, top_k] = jax.jit(run)
-    return _PROGRAMS[tcfg, top_k]
+    def run(tparams, tokens):
+        hidden, _ = target_pass(tparams, tcfg, tokens, ())
+        return top_k_teacher(target.lm_head(tparams, tcfg, hidden), top_k)
+    return jax.jit(run)
