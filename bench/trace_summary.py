@@ -2,7 +2,7 @@
 `jax.profiler.trace(dir, create_perfetto_trace=True)` writes and prints, per device, the span,
 the busy time (union of its op intervals), and the ops with the most total time.
 
-  python -m bench.trace_summary TRACE_DIR [--match GPU] [--top 12]
+  python -m bench.trace_summary TRACE_DIR [--match GPU | CPU] [--top 12]
 
 The busy/span ratio separates a device that computes slowly from one that waits (on the host,
 a collective, or another device).
@@ -39,14 +39,30 @@ def busy_time(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+# On the CPU the ops run on XLA's Eigen threads inside the host process, wrapped in the
+# executor's own events (each spans the ops it runs).
+CPU_OP_THREAD = "tf_XLAEigen"
+CPU_WRAPPERS = ("ThunkExecutor", "SlinkyThreadPool")
+
+
 def summarise(events: list[dict], match: str = "GPU", top: int = 12) -> dict:
     """-> {process name: {"span_us", "busy_us", "ops": [(name, total_us, count), ...]}} for
-    the processes whose name contains `match`."""
+    the processes whose name contains `match`; match "CPU": the XLA ops of the host's threads
+    (busy: the union over its threads)."""
     names = {e["pid"]: e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+
+    def kept(e):
+        if match != "CPU":
+            return True
+        return (threads.get((e["pid"], e.get("tid")), "").startswith(CPU_OP_THREAD)
+                and not e["name"].startswith(CPU_WRAPPERS))
+
     per_pid = collections.defaultdict(list)
     for e in events:
-        if e.get("ph") == "X" and match in names.get(e.get("pid"), ""):
+        if e.get("ph") == "X" and match in names.get(e.get("pid"), "") and kept(e):
             per_pid[e["pid"]].append(e)
     out = {}
     for pid, evs in per_pid.items():
@@ -79,14 +95,16 @@ def profile(fn, *args, trace_dir: str, top: int = 12) -> str:
     jax.block_until_ready(fn(*args))
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
         jax.block_until_ready(fn(*args))
-    return format_summary(summarise(load_events(trace_dir), top=top))
+    match = "GPU" if jax.default_backend() == "gpu" else "CPU"
+    return format_summary(summarise(load_events(trace_dir), match, top=top))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace_dir")
-    ap.add_argument("--match", default="GPU", help="keep processes whose name contains this")
+    ap.add_argument("--match", default="GPU", help="keep processes whose name contains this "
+                    "(CPU: the host's XLA ops)")
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
     print(format_summary(summarise(load_events(args.trace_dir), args.match, args.top)))

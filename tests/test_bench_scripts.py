@@ -151,3 +151,26 @@ def test_train_step_times_each_head_setting_without_a_data_set(tmp_path):
             assert "needs a GPU" in r["error"] and "step_s" not in r
         else:
             assert r["step_s"] > 0 and 0 < r["coverage"] <= 1
+
+
+def test_trace_summary_reads_the_host_xla_ops_on_the_cpu():
+    """On the CPU the ops are the Eigen threads' events, without the executor's wrappers (which
+    span them and would count twice); a GPU process keeps every op it has."""
+    from bench.trace_summary import summarise
+
+    def meta(kind, pid, tid, name):
+        return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": {"name": name}}
+
+    def op(pid, tid, name, ts, dur):
+        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts, "dur": dur}
+
+    events = [meta("process_name", 1, 0, "/host:CPU"),
+              meta("process_name", 2, 0, "/device:GPU:0"),
+              meta("thread_name", 1, 5, "tf_XLAEigen/12"), meta("thread_name", 1, 6, "python"),
+              op(1, 5, "ThunkExecutor::Execute", 0, 100), op(1, 5, "dot.3", 10, 40),
+              op(1, 5, "copy.1", 60, 20), op(1, 5, "dot.3", 80, 10), op(1, 6, "jit_step", 0, 100),
+              op(2, 0, "fusion.7", 0, 30)]
+    cpu = summarise(events, "CPU")["/host:CPU"]
+    assert cpu["ops"] == [("dot.3", 50, 2), ("copy.1", 20, 1)]
+    assert (cpu["busy_us"], cpu["span_us"]) == (70, 80)
+    assert summarise(events)["/device:GPU:0"]["ops"] == [("fusion.7", 30, 1)]
