@@ -678,14 +678,8 @@ def run_train_data(args) -> None:
     from jetspec_jax.train import prompts as P
     from jetspec_jax.train.data import make_dataset
 
-    if args.samples < 0:
-        raise ValueError(f"--samples must be >= 0, got {args.samples}")
-    sampler = Sampler(temperature=args.temperature)
+    sampler = Sampler(temperature=args.temperature)  # the flags: check_train_data
     sample_sampler = Sampler(temperature=args.sample_temperature)
-    if args.samples and sample_sampler.greedy:
-        raise ValueError("--samples needs --sample-temperature > 0")
-    if args.prompts and not Path(args.prompts).is_file():
-        raise FileNotFoundError(f"no prompt file at {args.prompts}")
     target = api.load_target(args.model, dtype=args.dtype)
     if args.prompts:
         prompts = P.read_prompts(args.prompts, split=args.split, sources=args.sources)

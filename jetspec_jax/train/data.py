@@ -188,7 +188,7 @@ class _Generator:
         self.tparams, self.tcfg, self.s, self.batch_size = tparams, tcfg, s, batch_size
         self.cache_dtype, self.kernels = cache_dtype, kernels
         self.stop_ids, self.pad_id = stop_ids, pad_id
-        self.programs, self.compile_seconds = {}, 0.0
+        self.compile_seconds = 0.0
 
     def __call__(self, rows):
         p, m, pad = self.s.max_prompt_len, self.s.max_new, self.pad_id

@@ -45,10 +45,11 @@ def label_top_k(tparams, tcfg: ModelConfig, tokens: np.ndarray, lengths: np.ndar
     n, t = tokens.shape
     out = {"top_logp": np.zeros((n, t, top_k), dtype), "top_ids": np.zeros((n, t, top_k), np.int32)}
     timing = {} if timing is None else timing
+    params = (jax.tree.structure(tparams), tuple((x.shape, x.dtype)
+                                                 for x in jax.tree.leaves(tparams)))
 
     def run(tparams, batch):
-        key = (tcfg, top_k, batch.shape, jax.tree.structure(tparams),
-               tuple((x.shape, x.dtype) for x in jax.tree.leaves(tparams)))
+        key = (tcfg, top_k, batch.shape, params)
         if key not in _PROGRAMS:
             start = time.perf_counter()
             _PROGRAMS[key] = _top_k_program(tcfg, top_k).lower(tparams, batch).compile()
