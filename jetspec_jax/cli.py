@@ -675,11 +675,13 @@ def run_train_data(args) -> None:
     from jetspec_jax import api
 
     from jetspec_jax.decode.sampling import Sampler
+    from jetspec_jax.model import kernels
     from jetspec_jax.train import prompts as P
     from jetspec_jax.train.data import make_dataset
 
     sampler = Sampler(temperature=args.temperature)  # the flags: check_train_data
     sample_sampler = Sampler(temperature=args.sample_temperature)
+    kernels.choose(args.attn_impl)  # a GPU kernel on a CPU: refused before the target loads
     target = api.load_target(args.model, dtype=args.dtype)
     if args.prompts:
         prompts = P.read_prompts(args.prompts, split=args.split, sources=args.sources)

@@ -132,7 +132,7 @@ def test_bad_output_paths(capsys, tmp_path):
         capsys, "train-data", "--out", tmp_path / "d", "--samples", -1)
 
 
-def test_unknown_attn_impl(capsys, tmp_path):
+def test_unknown_attn_impl(capsys, tmp_path, monkeypatch):
     assert "unknown attention kernel 'x'; choose from auto, reference, portable" in \
         one_line_error(capsys, "generate", "--attn-impl", "x", "--draft", HEAD)
     assert "unknown attention kernel 'x'" in one_line_error(
@@ -141,6 +141,16 @@ def test_unknown_attn_impl(capsys, tmp_path):
     assert "head_attention 'cudnn' needs a GPU" in one_line_error(  # before the target loads
         capsys, "train-draft", "--data", tmp_path, "--out", tmp_path / "run",
         "--head-attention", "cudnn")
+    assert "unknown attention kernel 'x'" in one_line_error(
+        capsys, "train-data", "--out", tmp_path / "d", "--attn-impl", "x")
+    from jetspec_jax import api
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the target loaded before the kernels were checked")
+
+    monkeypatch.setattr(api, "load_target", no_load)
+    assert "'decode' needs a GPU" in one_line_error(
+        capsys, "train-data", "--out", tmp_path / "d", "--attn-impl", "decode")
 
 
 def test_checks_run_before_jax_is_imported(tmp_path):
