@@ -11,7 +11,9 @@ from helpers import tiny_target
 from jetspec_jax.model import target
 from jetspec_jax.train.head_forward import target_pass
 from jetspec_jax.model.layers import exact_top_k
-from jetspec_jax.train.teacher import label_top_k, top_k_teacher, width_batches
+from jetspec_jax.train import teacher
+from jetspec_jax.train.teacher import (batch_shapes, compile_ahead, label_top_k, top_k_teacher,
+                                        width_batches)
 
 
 @settings(max_examples=12, deadline=None)
@@ -69,11 +71,31 @@ def test_labels_equal_the_targets_top_k_at_every_position(batch_tokens, bucket):
         assert not got["top_logp"][r, m:].any() and not got["top_ids"][r, m:].any()
 
 
+def test_programs_compiled_ahead_label_as_those_compiled_in_place():
+    """make_dataset starts every width's program compiling while it generates the answers;
+    label_top_k then takes them (waiting for any still compiling) and labels as before."""
+    tcfg, tp = tiny_target(vocab=48, seed=3)  # a config no other test compiles
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(2, tcfg.vocab_size, (5, 20)).astype(np.int32)
+    lengths = np.array([20, 4, 3, 17, 1], np.int32)  # no width 16: compiled all the same
+    compile_ahead(tp, tcfg, 4, 20, batch_tokens=40, bucket=8)
+    ahead = [teacher._PROGRAMS[teacher._key(tp, tcfg, 4, s)] for s in [(5, 8), (2, 16), (2, 20)]]
+    timing = {}
+    got = label_top_k(tp, tcfg, tokens, lengths, 4, batch_tokens=40, bucket=8, timing=timing)
+    assert all(f.done() and f.exception() is None for f in ahead)  # every width, used or not
+    hidden, _ = target_pass(tp, tcfg, jnp.asarray(tokens), ())
+    want_logp, want_ids = top_k_teacher(target.lm_head(tp, tcfg, hidden), 4)
+    for r, m in enumerate(lengths):
+        np.testing.assert_allclose(got["top_logp"][r, :m], want_logp[r, :m], atol=2e-5)
+        np.testing.assert_array_equal(got["top_ids"][r, :m], want_ids[r, :m])
+
+
 def test_width_batches_cover_every_row_once_within_the_token_budget():
     tokens = np.arange(9 * 32, dtype=np.int32).reshape(9, 32)
     lengths = np.array([32, 1, 5, 17, 31, 9, 16, 2, 30])
-    seen = []
+    seen, shapes = [], []
     for rows, batch in width_batches(tokens, lengths, 40, 8):
+        shapes.append(batch.shape)
         width = batch.shape[1]
         assert width % 8 == 0 or width == 32
         assert batch.shape[0] == max(1, 40 // width)
@@ -82,3 +104,4 @@ def test_width_batches_cover_every_row_once_within_the_token_budget():
         assert not batch[len(rows):].any()
         seen += list(rows)
     assert sorted(seen) == list(range(9))
+    assert batch_shapes(lengths, 32, 40, 8) == list(dict.fromkeys(shapes))  # compiled ahead

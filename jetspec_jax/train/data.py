@@ -44,7 +44,7 @@ from jetspec_jax.io.files import write_atomic, write_json
 from jetspec_jax.model.config import ModelConfig
 from jetspec_jax.model.kernels import Kernels
 from jetspec_jax.train.prompts import prompt_text, stable_hash, user
-from jetspec_jax.train.teacher import label_top_k
+from jetspec_jax.train.teacher import compile_ahead, label_top_k
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -114,6 +114,8 @@ def make_dataset(tparams, tcfg: ModelConfig, tokenizer, prompts: Iterable[str | 
         # when more prompts come).
         if _shard_prompts(file) != len(chunk) or file.name not in done:
             rows = _rows(tokenizer, chunk, answers, max_prompt_len)
+            if teacher_top_k:  # its programs compile while the answers are generated
+                compile_ahead(tparams, tcfg, teacher_top_k, max_prompt_len + max_new)
             arrays, new_tokens, seconds = gen(rows)
             if teacher_top_k:
                 t = time.perf_counter()

@@ -10,8 +10,10 @@ tokens and the rest's mass, so what K leaves out still counts as one outcome.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import jax
 import jax.numpy as jnp
@@ -32,30 +34,31 @@ def top_k_teacher(logits, top_k: int):
     return top - jax.nn.logsumexp(logits, axis=-1, keepdims=True), ids
 
 
+BATCH_TOKENS = 32768  # tokens a labelling batch holds
+BUCKET = 128  # sequence widths are multiples of this: one compiled program per width
+
+
 def label_top_k(tparams, tcfg: ModelConfig, tokens: np.ndarray, lengths: np.ndarray,
-                top_k: int, *, batch_tokens: int = 32768, bucket: int = 128,
+                top_k: int, *, batch_tokens: int = BATCH_TOKENS, bucket: int = BUCKET,
                 dtype=np.float32, timing: dict | None = None) -> dict[str, np.ndarray]:
     """The teacher-forced target over sequences tokens [S, T] of lengths [S] -> top_logp [S, T, K]
     (dtype) and top_ids [S, T, K] int32: position t's K most likely next tokens (zeros past
     each length). Batches hold about batch_tokens tokens (rows of one width, a multiple of
-    bucket: one compiled program per width, compiled ahead; timing["compile_seconds"] adds up
-    their compile time); the next batch runs while the last is copied out."""
+    bucket: one compiled program per width, compiled before the first batch runs, unless
+    `compile_ahead` has them ready; timing["compile_seconds"] adds up the time spent waiting
+    for them); the next batch runs while the last is copied out."""
     if not 1 <= top_k <= tcfg.vocab_size:
         raise ValueError(f"teacher top-K must be in [1, {tcfg.vocab_size}], got {top_k}")
     n, t = tokens.shape
     out = {"top_logp": np.zeros((n, t, top_k), dtype), "top_ids": np.zeros((n, t, top_k), np.int32)}
     timing = {} if timing is None else timing
-    params = (jax.tree.structure(tparams), tuple((x.shape, x.dtype)
-                                                 for x in jax.tree.leaves(tparams)))
-
-    def run(tparams, batch):
-        key = (tcfg, top_k, batch.shape, params)
-        if key not in _PROGRAMS:
-            start = time.perf_counter()
-            _PROGRAMS[key] = _top_k_program(tcfg, top_k).lower(tparams, batch).compile()
-            timing["compile_seconds"] = (timing.get("compile_seconds", 0.0)
-                                         + time.perf_counter() - start)
-        return _PROGRAMS[key](tparams, batch)
+    shapes = batch_shapes(lengths, t, batch_tokens, bucket)
+    start = time.perf_counter()
+    got = [_program(tparams, tcfg, top_k, shape) for shape in shapes]
+    programs = {shape: future.result() for shape, (future, _) in zip(shapes, got)}
+    if not all(ready for _, ready in got):
+        timing["compile_seconds"] = (timing.get("compile_seconds", 0.0)
+                                     + time.perf_counter() - start)
 
     def store(rows, result):
         logp, ids = jax.device_get(result)
@@ -65,7 +68,8 @@ def label_top_k(tparams, tcfg: ModelConfig, tokens: np.ndarray, lengths: np.ndar
 
     pending = None
     for rows, batch in width_batches(tokens, lengths, batch_tokens, bucket):
-        result = run(tparams, jnp.asarray(batch))  # dispatched: runs while `pending` is read
+        result = programs[batch.shape](tparams, jnp.asarray(batch))  # runs while `pending`
+        #                                                               is copied out
         if pending is not None:
             store(*pending)
         pending = rows, result
@@ -74,15 +78,33 @@ def label_top_k(tparams, tcfg: ModelConfig, tokens: np.ndarray, lengths: np.ndar
     return out
 
 
+def compile_ahead(tparams, tcfg: ModelConfig, top_k: int, max_len: int, *,
+                  batch_tokens: int = BATCH_TOKENS, bucket: int = BUCKET) -> None:
+    """Starts compiling, one after another on a background thread, the programs of every width
+    that `label_top_k` can meet in sequences of up to max_len tokens, so that they compile
+    while the target is still generating the answers (compiled in front of the labelling, 8
+    widths took four times the labelling itself on a GPU). label_top_k waits for those it
+    needs."""
+    widths = np.unique(_widths(np.arange(1, max_len + 1), max_len, bucket))
+    todo = []
+    with _LOCK:
+        for shape in _shapes(widths, batch_tokens):
+            key = _key(tparams, tcfg, top_k, shape)
+            if key not in _PROGRAMS:
+                todo.append((shape, _PROGRAMS.setdefault(key, Future())))
+    if todo:
+        threading.Thread(target=_compile_each, args=(tparams, tcfg, top_k, todo),
+                         daemon=True).start()
+
+
 def width_batches(tokens: np.ndarray, lengths: np.ndarray, batch_tokens: int,
                   bucket: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(rows, batch [rows per width, width]) over tokens [S, T] grouped by their length
     rounded up to a multiple of bucket (at most T), batch_tokens // width rows a batch (at
     least one; the last of a width padded with zero rows), shortest first."""
-    t = tokens.shape[1]
-    widths = np.minimum(-(-np.maximum(lengths, 1) // bucket) * bucket, t)
+    widths = _widths(lengths, tokens.shape[1], bucket)
     for width in np.unique(widths):
-        size = max(1, batch_tokens // int(width))
+        size = _rows_per_batch(int(width), batch_tokens)
         same = np.flatnonzero(widths == width)
         for start in range(0, len(same), size):
             rows = same[start:start + size]
@@ -91,7 +113,55 @@ def width_batches(tokens: np.ndarray, lengths: np.ndarray, batch_tokens: int,
             yield rows, batch
 
 
-_PROGRAMS: dict = {}  # compiled per (config, K, batch shape, parameters' shapes and dtypes)
+def batch_shapes(lengths: np.ndarray, t: int, batch_tokens: int,
+                 bucket: int) -> list[tuple[int, int]]:
+    """The shapes of `width_batches`' batches, one per width, shortest first."""
+    return _shapes(np.unique(_widths(lengths, t, bucket)), batch_tokens)
+
+
+def _widths(lengths: np.ndarray, t: int, bucket: int) -> np.ndarray:
+    return np.minimum(-(-np.maximum(lengths, 1) // bucket) * bucket, t)
+
+
+def _shapes(widths, batch_tokens: int) -> list[tuple[int, int]]:
+    return [(_rows_per_batch(int(w), batch_tokens), int(w)) for w in widths]
+
+
+def _rows_per_batch(width: int, batch_tokens: int) -> int:
+    return max(1, batch_tokens // width)
+
+
+_PROGRAMS: dict = {}  # Future of the compiled program per (config, K, batch shape, parameters)
+_LOCK = threading.Lock()
+
+
+def _key(tparams, tcfg: ModelConfig, top_k: int, shape: tuple[int, int]):
+    params = (jax.tree.structure(tparams),
+              tuple((x.shape, x.dtype) for x in jax.tree.leaves(tparams)))
+    return tcfg, top_k, shape, params
+
+
+def _program(tparams, tcfg: ModelConfig, top_k: int,
+             shape: tuple[int, int]) -> tuple[Future, bool]:
+    """One batch shape's program (a Future), compiled here and now unless it is compiled or
+    being compiled already, and whether it was ready."""
+    key = _key(tparams, tcfg, top_k, shape)
+    with _LOCK:
+        mine = key not in _PROGRAMS
+        future = _PROGRAMS.setdefault(key, Future())
+    ready = future.done()
+    if mine:
+        _compile_each(tparams, tcfg, top_k, [(shape, future)])
+    return future, ready
+
+
+def _compile_each(tparams, tcfg: ModelConfig, top_k: int, todo) -> None:
+    for shape, future in todo:
+        try:
+            future.set_result(_top_k_program(tcfg, top_k).lower(
+                tparams, jax.ShapeDtypeStruct(shape, jnp.int32)).compile())
+        except Exception as e:  # raised where the program is needed
+            future.set_exception(e)
 
 
 def _top_k_program(tcfg: ModelConfig, top_k: int):
