@@ -51,6 +51,18 @@ def test_committed_without_outputs(path):
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
 
 
+def test_quickstart_asks_the_cli_builtin_prompt():
+    """01_quickstart's tiny run and `jetspec generate --max-new-tokens 8` share one compiled
+    program only while their prompts are the same (tests/test_api_cli.py)."""
+    from jetspec_jax.cli import BUILTIN_PROMPT
+
+    nb = nbformat.read(NOTEBOOK_DIR / "01_quickstart.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.source.startswith("PROMPT = "))
+    scope = {}
+    exec(cell.split("\nMAX_NEW")[0], scope)  # the PROMPT assignment alone
+    assert scope["PROMPT"] == BUILTIN_PROMPT
+
+
 def write_bench_sweep(directory: Path) -> None:
     """A file shaped as `jetspec bench --out` writes it (`cli.run_bench`), made-up numbers."""
     rows = [dict(budget=b, tau=1.0 + 0.4 * i, tau_hist=[0, 1], tokens=64, seconds=1.0,
