@@ -32,7 +32,7 @@ from jetspec_jax.io.files import write_json
 from jetspec_jax.io.prompts import read_prompt_file
 from jetspec_jax.serve import API_KEY_VARIABLE, MAX_BODY_BYTES
 
-# Code, the kind of text speculation serves best; prose accepts less (README "What you get").
+# Code, the kind of text speculation serves best; prose accepts less (README.md says how much).
 BUILTIN_PROMPT = ("Write a Python function that checks whether a number is prime, with a "
                   "docstring and two examples.")
 BENCH_PROMPTS = (
