@@ -79,7 +79,8 @@ def test_programs_compiled_ahead_label_as_those_compiled_in_place():
     tokens = rng.integers(2, tcfg.vocab_size, (5, 20)).astype(np.int32)
     lengths = np.array([20, 4, 3, 17, 1], np.int32)  # no width 16: compiled all the same
     compile_ahead(tp, tcfg, 4, 20, batch_tokens=40, bucket=8)
-    ahead = [teacher._PROGRAMS[teacher._key(tp, tcfg, 4, s)] for s in [(5, 8), (2, 16), (2, 20)]]
+    signature = teacher._signature(tp)
+    ahead = [teacher._PROGRAMS[signature, tcfg, 4, s] for s in [(5, 8), (2, 16), (2, 20)]]
     timing = {}
     got = label_top_k(tp, tcfg, tokens, lengths, 4, batch_tokens=40, bucket=8, timing=timing)
     assert all(f.done() and f.exception() is None for f in ahead)  # every width, used or not

@@ -54,7 +54,8 @@ def label_top_k(tparams, tcfg: ModelConfig, tokens: np.ndarray, lengths: np.ndar
     timing = {} if timing is None else timing
     shapes = batch_shapes(lengths, t, batch_tokens, bucket)
     start = time.perf_counter()
-    got = [_program(tparams, tcfg, top_k, shape) for shape in shapes]
+    signature = _signature(tparams)
+    got = [_program(tparams, signature, tcfg, top_k, shape) for shape in shapes]
     programs = {shape: future.result() for shape, (future, _) in zip(shapes, got)}
     if not all(ready for _, ready in got):
         timing["compile_seconds"] = (timing.get("compile_seconds", 0.0)
@@ -86,10 +87,10 @@ def compile_ahead(tparams, tcfg: ModelConfig, top_k: int, max_len: int, *,
     widths took four times the labelling itself on a GPU). label_top_k waits for those it
     needs."""
     widths = np.unique(_widths(np.arange(1, max_len + 1), max_len, bucket))
-    todo = []
+    signature, todo = _signature(tparams), []
     with _LOCK:
         for shape in _shapes(widths, batch_tokens):
-            key = _key(tparams, tcfg, top_k, shape)
+            key = (signature, tcfg, top_k, shape)
             if key not in _PROGRAMS:
                 todo.append((shape, _PROGRAMS.setdefault(key, Future())))
     if todo:
@@ -131,21 +132,22 @@ def _rows_per_batch(width: int, batch_tokens: int) -> int:
     return max(1, batch_tokens // width)
 
 
-_PROGRAMS: dict = {}  # Future of the compiled program per (config, K, batch shape, parameters)
+_PROGRAMS: dict = {}  # Future of the compiled program per (parameters, config, K, batch shape)
 _LOCK = threading.Lock()
 
 
-def _key(tparams, tcfg: ModelConfig, top_k: int, shape: tuple[int, int]):
-    params = (jax.tree.structure(tparams),
-              tuple((x.shape, x.dtype) for x in jax.tree.leaves(tparams)))
-    return tcfg, top_k, shape, params
+def _signature(tparams):
+    """What of the parameters a compiled program depends on: their tree, shapes and dtypes
+    (read once per call: a target has hundreds of leaves)."""
+    return (jax.tree.structure(tparams),
+            tuple((x.shape, x.dtype) for x in jax.tree.leaves(tparams)))
 
 
-def _program(tparams, tcfg: ModelConfig, top_k: int,
+def _program(tparams, signature, tcfg: ModelConfig, top_k: int,
              shape: tuple[int, int]) -> tuple[Future, bool]:
     """One batch shape's program (a Future), compiled here and now unless it is compiled or
     being compiled already, and whether it was ready."""
-    key = _key(tparams, tcfg, top_k, shape)
+    key = (signature, tcfg, top_k, shape)
     with _LOCK:
         mine = key not in _PROGRAMS
         future = _PROGRAMS.setdefault(key, Future())
