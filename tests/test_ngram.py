@@ -1,6 +1,8 @@
 """Context n-gram chains (draft/ngram.py): the lookup, the merged trees, and lossless decoding
 with chains added to a head's tree and with the n-gram drafter alone."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,6 +69,15 @@ def check_tree(tree, budget):
             assert set(np.flatnonzero(anc[i, :n])) == want
 
 
+@functools.partial(jax.jit, static_argnames=("width", "budget", "method"))
+def build_and_merge(anchor, logits, chain, count, *, width, budget, method):
+    """The head's tree from logits [B, D, V], the chain merged onto it and onto the root alone:
+    one program per setting (op by op, each new shape compiles each op anew)."""
+    tree = build_trees(anchor, *topk_from_logits(logits, width), budget=budget, method=method)
+    merge = functools.partial(add_chain, chain=chain, count=count, max_depth=logits.shape[1])
+    return tree, merge(tree), merge(root_trees(anchor, budget))
+
+
 @SETTINGS
 @given(seed=st.integers(0, 2**16), budget=st.integers(1, 24), width=st.integers(1, 4),
        method=st.sampled_from(["accum_logp", "top2gap", "chain"]), length=st.integers(1, 8))
@@ -74,15 +85,14 @@ def test_merged_trees_are_valid_and_hold_the_chain(seed, budget, width, method, 
     rng = np.random.default_rng(seed)
     b, depth, vocab = 3, 8, 5
     logits = jnp.asarray(rng.normal(size=(b, depth, vocab)) * 3, jnp.float32)
-    lp, tok = topk_from_logits(logits, width)
-    tree = build_trees(jnp.asarray(rng.integers(0, vocab, b)), lp, tok, budget=budget,
-                       method=method)
     length = min(length, budget - 1)
     if length < 1:
         return
     chain = jnp.asarray(rng.integers(0, vocab, (b, length)), jnp.int32)
     count = jnp.asarray(rng.integers(0, length + 1, b), jnp.int32)
-    merged = add_chain(tree, chain, count, depth)
+    tree, merged, _ = jax.device_get(build_and_merge(
+        jnp.asarray(rng.integers(0, vocab, b)), logits, chain, count, width=width,
+        budget=budget, method=method))
     check_tree(merged, budget)
     for r in range(b):  # the chain is a path from the root, and the head's nodes come after it
         node = 0
@@ -103,9 +113,8 @@ def test_a_chain_that_fills_the_budget_leaves_the_drafted_tree_no_node(seed, bud
     budgets read)."""
     rng = np.random.default_rng(seed)
     b, depth, vocab = 4, 8, 4  # a small vocabulary: chains share tokens with the tree
-    lp, tok = topk_from_logits(jnp.asarray(rng.normal(size=(b, depth, vocab)) * 3), width)
+    logits = jnp.asarray(rng.normal(size=(b, depth, vocab)) * 3, jnp.float32)
     anchor = jnp.asarray(rng.integers(0, vocab, b), jnp.int32)
-    tree = build_trees(anchor, lp, tok, budget=budget)
     length = budget - 1
     chain = jnp.asarray(rng.integers(0, vocab, (b, length)), jnp.int32)
     count = jnp.asarray(rng.integers(length - 1, length + 1, b), jnp.int32)
@@ -113,7 +122,8 @@ def test_a_chain_that_fills_the_budget_leaves_the_drafted_tree_no_node(seed, bud
     full = bool(fills_tree(chain, count, budget, active))
     assert full == bool(jnp.all((count == length) | ~active))
     assert fills_tree(chain[:, :-1], count, budget, active) is None  # too short ever to fill
-    merged, bare = (add_chain(t, chain, count, depth) for t in (tree, root_trees(anchor, budget)))
+    _, merged, bare = build_and_merge(anchor, logits, chain, count, width=width, budget=budget,
+                                      method="accum_logp")
     for r in np.flatnonzero(np.asarray(count == length)):
         for field in ("tokens", "parents", "depths", "valid", "ancestors"):
             np.testing.assert_array_equal(getattr(merged, field)[r], getattr(bare, field)[r])
