@@ -11,7 +11,7 @@
 # Each stretch re-warms a fresh optimizer over WARMUP steps at the step it continues from.
 # Settings from the environment [defaults]: STATE [checkpoints/smollm2-135m-jetspec-run]
 #   RUN [runs/long-run] scratch folder  PROMPTS [the exported prompt file, required]
-#   SEQS [22000] prompts per stretch (one greedy and one sampled answer each: ~17M tokens)
+#   SEQS [30000] prompts per stretch (one greedy and one sampled answer each: ~21M tokens)
 #   STEPS [40000]  BATCH [32]  LR [4e-4]  WARMUP [200]  PY [python3]
 #   DRAFT_VOCAB_COVERAGE [0.995] the share of the first stretch's answer tokens it covers
 #   STEP_BENCH_OUT [unset] a file: before training, time the step on this stretch's data
@@ -47,7 +47,7 @@ if [[ ! -d "$RUN/jetspec/checkpoints" && -f "$STATE/metrics.jsonl" ]]; then
   mkdir -p "$RUN/jetspec" && cp "$STATE/metrics.jsonl" "$RUN/jetspec/metrics.jsonl"
 fi
 common=(RUN="$RUN" PY="$PY" PROMPTS="$PROMPTS")
-env "${common[@]}" STAGES=data SEQS="${SEQS:-22000}" HELDOUT=128 MAX_PROMPT=512 MAX_NEW=512 \
+env "${common[@]}" STAGES=data SEQS="${SEQS:-30000}" HELDOUT=128 MAX_PROMPT=512 MAX_NEW=512 \
   SAMPLES=1 SEED="$seed" TEACHER_TOP_K=32 GEN_BATCH=512 bash scripts/train_default_head.sh
 if [[ -n "${STEP_BENCH_OUT:-}" ]]; then  # a failed benchmark does not cost the stretch
   vocab=$($PY -c 'import sys; from jetspec_jax.io.shards import read_shards
