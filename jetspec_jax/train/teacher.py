@@ -87,12 +87,10 @@ def compile_ahead(tparams, tcfg: ModelConfig, top_k: int, max_len: int, *,
     widths took four times the labelling itself on a GPU). label_top_k waits for those it
     needs."""
     widths = np.unique(_widths(np.arange(1, max_len + 1), max_len, bucket))
-    signature, todo = _signature(tparams), []
-    with _LOCK:
-        for shape in _shapes(widths, batch_tokens):
-            key = (signature, tcfg, top_k, shape)
-            if key not in _PROGRAMS:
-                todo.append((shape, _PROGRAMS.setdefault(key, Future())))
+    signature = _signature(tparams)
+    claims = [(shape, *_claim(signature, tcfg, top_k, shape))
+              for shape in _shapes(widths, batch_tokens)]
+    todo = [(shape, future) for shape, future, mine in claims if mine]
     if todo:
         threading.Thread(target=_compile_each, args=(tparams, tcfg, top_k, todo),
                          daemon=True).start()
@@ -147,14 +145,20 @@ def _program(tparams, signature, tcfg: ModelConfig, top_k: int,
              shape: tuple[int, int]) -> tuple[Future, bool]:
     """One batch shape's program (a Future), compiled here and now unless it is compiled or
     being compiled already, and whether it was ready."""
-    key = (signature, tcfg, top_k, shape)
-    with _LOCK:
-        mine = key not in _PROGRAMS
-        future = _PROGRAMS.setdefault(key, Future())
+    future, mine = _claim(signature, tcfg, top_k, shape)
     ready = future.done()
     if mine:
         _compile_each(tparams, tcfg, top_k, [(shape, future)])
     return future, ready
+
+
+def _claim(signature, tcfg: ModelConfig, top_k: int,
+           shape: tuple[int, int]) -> tuple[Future, bool]:
+    """The Future of this program, and whether the caller is to compile it (none was there)."""
+    key = (signature, tcfg, top_k, shape)
+    with _LOCK:
+        mine = key not in _PROGRAMS
+        return _PROGRAMS.setdefault(key, Future()), mine
 
 
 def _compile_each(tparams, tcfg: ModelConfig, top_k: int, todo) -> None:
