@@ -230,6 +230,14 @@ def test_checkpoint_failure_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_checkpoint_folder_has_a_plain_folders_mode(tmp_path):
+    cfg, params = hf_f32("llama")
+    ckpt = save_target(tmp_path / "ckpt", params, cfg)
+    (tmp_path / "plain").mkdir()
+    assert ckpt.stat().st_mode == (tmp_path / "plain").stat().st_mode
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
 def test_checkpoint_errors(tmp_path):
     cfg, params = hf_f32("llama")
     ckpt = save_target(tmp_path / "ckpt", params, cfg)

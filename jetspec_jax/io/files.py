@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +39,8 @@ def write_dir_atomic(path: str | os.PathLike, fill: Callable[[Path], Any]) -> Pa
     one is renamed aside before it is deleted), so `path` is never half written."""
     path = Path(path).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    tmp.mkdir()  # not mkdtemp: its 0700 would make a shared checkpoint readable by its owner only
     try:
         fill(tmp)
         if path.exists():
