@@ -3,11 +3,10 @@ against steps, the training loss beside them.
 
   python -m bench.plot_training runs/head/metrics.jsonl --labels "my head" --out curves.png
 
-The shipped head's last run (a training record, with its log):
+The shipped head's run (its log, every stretch of one schedule):
 
-  python -m bench.plot_training \
-      bench/results/training/finetune_6795_to_8795_more_prompts_h200_2026-12-03.json \
-      --labels "from step 6,795 to the shipped 8,795" --step-offsets 6795 --out curves.png
+  python -m bench.plot_training checkpoints/smollm2-135m-jetspec-run/metrics.jsonl \
+      --labels "the long run" --out curves.png
 
 --step-offsets: added to each log's steps (a run that started its own step count from a
 head's weights). Left: held-out tau at the tree budget the trainer evaluates with; middle: held-out KL per draft
