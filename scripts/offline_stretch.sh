@@ -4,8 +4,11 @@
 # (docs/offline_gpu.md). After scripts/stage_smollm2.sh has staged the model, the prompts and
 # the run's state (pack_smollm2.sh with STATE) in $JC:
 #   DEADLINE=$(($(date +%s) + 1200)) bash scripts/offline_stretch.sh launch
-#   bash scripts/offline_stretch.sh wait 550          # in later commands, until it says done
+#   bash scripts/offline_stretch.sh wait 550 OUTDIR   # in later commands, until it says done
 #   bash scripts/offline_stretch.sh collect OUTDIR    # the new state, the logs (8 files)
+# wait with OUTDIR leaves there what the stretch has so far, a state the next stretch can
+# start from (the head of its last checkpoint, the log up to it): bring it back after every
+# command, as the machine may be gone before the next one.
 # launch copies the checkout to $JC/repo and starts the stretch there detached (setsid),
 # so it outlives the command; its log is $JC/stretch.log. STEP_BENCH=1 first times the
 # training step on the stretch's data (bench.train_step: the run's draft vocabulary, batch 32,
@@ -16,7 +19,31 @@
 set -euo pipefail
 JC=${JC:-$HOME/jc}
 LOG=$JC/stretch.log
+PY=${PY:-python3}
 DONE="the state of the run is now at step"
+
+snapshot() {  # the stretch so far as a state folder: its last checkpoint's head and log
+  local out=$1 head=$JC/run/jetspec/head step seed
+  [[ -f "$head/metadata.json" ]] || { echo "no checkpoint of this stretch yet"; return 0; }
+  step=$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["steps"])' \
+    "$head/metadata.json")
+  seed=$(sed -n 's/.*(data seed \([0-9]*\)).*/\1/p' "$LOG" | head -n 1)
+  rm -rf "$out" && mkdir -p "$out"
+  # On the CPU: the GPU is the trainer's. The trainer may swap in a newer head meanwhile: a
+  # failed read says so, and the next command's snapshot tries again.
+  JAX_PLATFORMS=cpu PYTHONPATH=$JC/pkgs:$JC/repo $PY -m jetspec_jax.cli convert \
+    --head "$head" "$out/head" --shard-mib 15 --dtype float32 > /dev/null \
+    || { echo "warning: no snapshot this time (the head changed while it was read)"; return 0; }
+  mv "$out"/head/* "$out/" && rmdir "$out/head"
+  $PY - "$JC/run/jetspec/metrics.jsonl" "$step" > "$out/metrics.jsonl" <<'EOF2'
+import json, sys
+for line in open(sys.argv[1]):  # the log up to the head's step: later rows are not in it
+    if line.strip() and json.loads(line)["step"] <= int(sys.argv[2]):
+        print(line, end="")
+EOF2
+  cp "$JC/run/data/manifest.json" "$out/data-seed$seed.json"
+  echo "snapshot: the head at step $step with its log in $out (a state to start from)"
+}
 
 case "${1:-}" in
   launch)
@@ -31,7 +58,7 @@ case "${1:-}" in
     export PYTHONPATH=$JC/pkgs:$JC/repo JAX_COMPILATION_CACHE_DIR=$JC/xla
     setsid nohup env DEADLINE="$DEADLINE" PROMPTS="$JC/prompts.jsonl" RUN="$JC/run" \
       STATE="$JC/state" \
-      PY="${PY:-python3}" STEP_BENCH_OUT="${STEP_BENCH:+$JC/train_step.json}" \
+      PY="$PY" STEP_BENCH_OUT="${STEP_BENCH:+$JC/train_step.json}" \
       bash scripts/long_run.sh > "$LOG" 2>&1 < /dev/null &
     echo "stretch started (pid $!), training until $(date -d "@$DEADLINE" +%T); log $LOG"
     ;;
@@ -41,7 +68,8 @@ case "${1:-}" in
       pgrep -f scripts/long_run.sh > /dev/null || break  # ended without finishing: say so
       sleep 10
     done
-    tail -n 15 "$LOG"
+    tail -n 15 "$LOG" | tr '\r' '\n' | tail -n 15  # the progress bar's updates as lines
+    [[ -n "${3:-}" ]] && ! grep -q "$DONE" "$LOG" && snapshot "$3"
     if grep -q "$DONE" "$LOG"; then echo "STRETCH DONE"
     elif pgrep -f scripts/long_run.sh > /dev/null; then echo "STRETCH RUNNING"
     else echo "STRETCH FAILED (see $LOG)"; exit 1

@@ -1,9 +1,16 @@
 """scripts/long_run.sh: the first stretch starts from the shipped head at step 0, a later one
 from the run's own weights at their step, each with a data seed of its own; the run's state is
-replaced only when a stretch finished, and its log carries over."""
+replaced only when a stretch finished, and its log carries over. scripts/offline_stretch.sh
+leaves a running stretch's last checkpoint as a state to start from."""
 
+import json
 import subprocess
+import sys
 from pathlib import Path
+
+from helpers import tiny_head, tiny_target
+from jetspec_jax.io.heads import save_draft
+from jetspec_jax.io.shards import read_shards
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,3 +86,29 @@ def test_an_unfinished_stretch_leaves_the_state(tmp_path):
 def test_settings_are_required(tmp_path):
     done, calls = stretch(tmp_path, DEADLINE="")
     assert done.returncode != 0 and "DEADLINE" in done.stderr and not calls
+
+
+def test_wait_leaves_the_stretch_so_far_as_a_state(tmp_path):
+    """`offline_stretch.sh wait SECONDS OUT` on a stretch that has checkpointed (here one no
+    longer running, so it reports a failure): OUT holds its last checkpoint's head in float32
+    parts, the log up to that step and the data's manifest: a state long_run.sh starts from."""
+    jc, out = tmp_path / "jc", tmp_path / "out"
+    run = jc / "run"
+    dcfg, dparams = tiny_head(tiny_target()[0])
+    save_draft(run / "jetspec" / "head", dparams, dcfg, metadata={"steps": 500, "complete": False})
+    (run / "jetspec" / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (400, 500, 510)))
+    (run / "data").mkdir()
+    (run / "data" / "manifest.json").write_text('{"num_seqs": 2}')
+    (jc / "stretch.log").write_text("stretch from step 0 (data seed 1000) until 01:00:00\n")
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "offline_stretch.sh"), "wait", "0", str(out)],
+        capture_output=True, text=True, cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "JC": str(jc), "PY": sys.executable})
+    assert done.returncode == 1 and "STRETCH FAILED" in done.stdout, done.stdout + done.stderr
+    parts = sorted(out.glob("part-*.safetensors"))
+    assert parts and read_shards(parts)[3]["steps"] == 500
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(row)["step"] for row in rows]
+    assert steps == [400, 500]  # the row past the checkpoint is not in the head
+    assert (out / "data-seed1000.json").read_text() == '{"num_seqs": 2}'

@@ -260,6 +260,9 @@ def test_interrupted_run_resumes_exactly(tiny, dataset, tmp_path):
                   progress=False)
     cfg = train_config(dataset, tmp_path / "b", steps=12, ckpt_every=5)
     assert train(cfg, tp, tcfg, stop_after=7, progress=False).step == 7
+    # The head of the last checkpoint is there, marked incomplete (a lost machine keeps it).
+    meta = json.loads((tmp_path / "b" / "head" / "metadata.json").read_text())
+    assert meta["steps"] == 5 and meta["complete"] is False
     resumed = train(cfg, tp, tcfg, progress=False)
     assert resumed.step == 12
     jax.tree.map(np.testing.assert_array_equal, resumed.dparams, whole.dparams)

@@ -388,8 +388,9 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
     """Trains (or resumes training of) a head; `stop_after` ends the run early at that step,
     as an interruption would (tests and time-sliced jobs). `time_limit` (seconds of this call)
     ends it at the first step past the limit: a checkpoint is saved (a rerun resumes there)
-    and the head so far is written, marked incomplete in its metadata. A checkpoint in out_dir
-    wins over cfg.init_head (a rerun of the same command resumes from it)."""
+    and the head so far is written, marked incomplete in its metadata (as it is with every
+    checkpoint before the last step). A checkpoint in out_dir wins over cfg.init_head (a rerun
+    of the same command resumes from it)."""
     out = Path(cfg.out_dir)
     dcfg = cfg.draft_config(tcfg)  # its draft vocabulary, if any, is chosen below
     specs = HEADS[cfg.head].specs(dcfg)
@@ -493,13 +494,13 @@ def train(cfg: TrainConfig, tparams, tcfg: ModelConfig, *, stop_after: int | Non
                                                  "draft_config": dcfg.to_dict(),
                                                  "schedule_offset": offset},
                        cfg.keep_ckpts)
+            # The head so far with each checkpoint: a run whose machine is lost leaves a
+            # usable head at its last checkpoint, not only a state to resume.
+            HEADS[cfg.head].save(out / "head", jax.device_get(dparams), dcfg, overwrite=True,
+                                 metadata={"steps": step, "complete": step == cfg.steps,
+                                           "train_seconds": round(time.time() - start, 1),
+                                           "train_config": dataclasses.asdict(cfg)})
     bar.close()
-    timed_out = out_of_time and step < cfg.steps
-    if step == cfg.steps or timed_out:
-        HEADS[cfg.head].save(out / "head", jax.device_get(dparams), dcfg, overwrite=True,
-                             metadata={"steps": step, "complete": not timed_out,
-                                       "train_seconds": round(time.time() - start, 1),
-                                       "train_config": dataclasses.asdict(cfg)})
     return TrainResult(dparams=dparams, dcfg=dcfg, step=step, out_dir=out)
 
 
