@@ -23,25 +23,32 @@ PY=${PY:-python3}
 DONE="the state of the run is now at step"
 
 snapshot() {  # the stretch so far as a state folder: its last checkpoint's head and log
-  local out=$1 head=$JC/run/jetspec/head step seed
+  local out=$1 head=$JC/run/jetspec/head tmp=$1.partial seed step
   [[ -f "$head/metadata.json" ]] || { echo "no checkpoint of this stretch yet"; return 0; }
-  step=$($PY -c 'import json, sys; print(json.load(open(sys.argv[1]))["steps"])' \
-    "$head/metadata.json")
   seed=$(sed -n 's/.*(data seed \([0-9]*\)).*/\1/p' "$LOG" | head -n 1)
-  rm -rf "$out" && mkdir -p "$out"
+  rm -rf "$tmp" && mkdir -p "$tmp"
   # On the CPU: the GPU is the trainer's. The trainer may swap in a newer head meanwhile: a
-  # failed read says so, and the next command's snapshot tries again.
-  JAX_PLATFORMS=cpu PYTHONPATH=$JC/pkgs:$JC/repo $PY -m jetspec_jax.cli convert \
-    --head "$head" "$out/head" --shard-mib 15 --dtype float32 > /dev/null \
-    || { echo "warning: no snapshot this time (the head changed while it was read)"; return 0; }
-  mv "$out"/head/* "$out/" && rmdir "$out/head"
-  $PY - "$JC/run/jetspec/metrics.jsonl" "$step" > "$out/metrics.jsonl" <<'EOF2'
+  # failed read says so and leaves the last snapshot; the next command's tries again.
+  local -x JAX_PLATFORMS=cpu PYTHONPATH=$JC/pkgs:$JC/repo  # for this function only
+  skip() { rm -rf "$tmp"; echo "warning: no snapshot this time (the head changed while read)"; }
+  $PY -m jetspec_jax.cli convert --head "$head" "$tmp/head" --shard-mib 15 --dtype float32 \
+    > /dev/null || { skip; return 0; }
+  mv "$tmp"/head/* "$tmp/" && rmdir "$tmp/head"
+  # The step of the weights just written, and the log up to it: later rows are not in them.
+  step=$($PY - "$tmp" "$JC/run/jetspec/metrics.jsonl" <<'EOF2'
 import json, sys
-for line in open(sys.argv[1]):  # the log up to the head's step: later rows are not in it
-    if line.strip() and json.loads(line)["step"] <= int(sys.argv[2]):
-        print(line, end="")
+from pathlib import Path
+from jetspec_jax.io.shards import read_shards
+from jetspec_jax.train.trainer import read_metrics
+out, log = Path(sys.argv[1]), sys.argv[2]
+step = read_shards(sorted(out.glob("part-*.safetensors")))[3]["steps"]
+rows = [r for r in read_metrics(log) if r["step"] <= step]
+(out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+print(step)
 EOF2
-  cp "$JC/run/data/manifest.json" "$out/data-seed$seed.json"
+) || { skip; return 0; }
+  cp "$JC/run/data/manifest.json" "$tmp/data-seed$seed.json"
+  rm -rf "$out" && mv "$tmp" "$out"
   echo "snapshot: the head at step $step with its log in $out (a state to start from)"
 }
 
